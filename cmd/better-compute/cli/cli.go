@@ -1,0 +1,309 @@
+// Package cli is the better-compute binary as a library: an application's main
+// hands its modules to Main and gets every command (migrate, worker, serve,
+// doctor, dev, and the operator verbs) with them. The built-in binary,
+// cmd/better-compute, is Main with no application modules.
+//
+//	func main() {
+//		cli.Main(cli.App{Modules: []cli.Module{inventory.Module()}})
+//	}
+//
+// Every command is a struct with its flags and a Run method, so tests call Run
+// with a configuration instead of spawning the binary; Run (the function) is the
+// whole command line, with its own output streams and environment.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/bettercompute/bettercompute/platform/config"
+	"github.com/bettercompute/bettercompute/platform/embedded"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/logging"
+	"github.com/bettercompute/bettercompute/platform/migrate"
+	"github.com/bettercompute/bettercompute/platform/pg"
+)
+
+// App is an application built on Better Compute.
+type App struct {
+	// Name is the binary's name in help output (default better-compute).
+	Name string
+	// Modules are the application's modules, in registration order: their
+	// migrations run after the built-in ones, in this order.
+	Modules []Module
+}
+
+// Module is one application module.
+type Module struct {
+	// Name is the module's migration owner: a lowercase identifier, not core,
+	// river or a built-in module's name.
+	Name string
+	// Migrations holds the module's nnnn_slug.sql files at its root (for
+	// example an embed.FS narrowed with fs.Sub). Nil for none.
+	Migrations fs.FS
+}
+
+// Env is what a command line runs against: its streams and environment.
+type Env struct {
+	Stdout, Stderr io.Writer
+	Environ        []string // KEY=VALUE, as os.Environ
+}
+
+// Main runs the command line of os.Args and exits with its status. SIGINT and
+// SIGTERM cancel the command's context: commands stop gracefully.
+func Main(app App) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := Run(ctx, app, os.Args[1:], Env{Stdout: os.Stdout, Stderr: os.Stderr, Environ: os.Environ()})
+	stop()
+	os.Exit(code)
+}
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string
+	usage   string // arguments after the flags
+	// flags adds the command's own flags.
+	flags func(fs *flag.FlagSet, s *Session)
+	run   func(ctx context.Context, s *Session, args []string) error
+}
+
+func (a *App) commands() []*command {
+	cmds := []*command{migrateCommand(), doctorCommand(), devCommand()}
+	sort.Slice(cmds, func(i, j int) bool { return cmds[i].name < cmds[j].name })
+	return cmds
+}
+
+func (a *App) name() string {
+	if a.Name == "" {
+		return "better-compute"
+	}
+	return a.Name
+}
+
+// Run runs one command line and returns the exit status: 0 on success, 1 on an
+// error (printed as CODE: message on stderr), 2 on a usage error.
+func Run(ctx context.Context, app App, args []string, env Env) int {
+	if env.Stdout == nil {
+		env.Stdout = io.Discard
+	}
+	if env.Stderr == nil {
+		env.Stderr = io.Discard
+	}
+	cmds := app.commands()
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		app.printHelp(env.Stdout, cmds)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	var cmd *command
+	for _, c := range cmds {
+		if c.name == args[0] {
+			cmd = c
+		}
+	}
+	if cmd == nil {
+		fmt.Fprintf(env.Stderr, "%s: unknown command %q (see %s --help)\n", app.name(), args[0], app.name())
+		return 2
+	}
+
+	cfg, err := config.Load(env.Environ)
+	if err != nil {
+		return printErr(env.Stderr, err)
+	}
+	s := &Session{App: &app, Config: cfg, Env: env}
+	fset := flag.NewFlagSet(app.name()+" "+cmd.name, flag.ContinueOnError)
+	fset.SetOutput(io.Discard)
+	fset.BoolVar(&s.Dev, "dev", false, "allow an embedded: database URL (development only)")
+	fset.BoolVar(&s.NoMigrate, "no-migrate", false, "do not run migrations on start")
+	if cmd.flags != nil {
+		cmd.flags(fset, s)
+	}
+	cfg.RegisterFlags(fset)
+	if err := fset.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			app.printCommandHelp(env.Stdout, cmd, fset, cfg)
+			return 0
+		}
+		fmt.Fprintf(env.Stderr, "%s %s: %v (see %s %s --help)\n", app.name(), cmd.name, err, app.name(), cmd.name)
+		return 2
+	}
+	defer s.close()
+	if err := cmd.run(ctx, s, fset.Args()); err != nil {
+		if ctx.Err() != nil && fault.CodeOf(err) == fault.Internal {
+			err = fault.Wrap(fault.Unavailable, err, "interrupted")
+		}
+		s.Log.Debug().Err(err).Msg("command failed")
+		return printErr(env.Stderr, err)
+	}
+	return 0
+}
+
+func printErr(w io.Writer, err error) int {
+	msg := err.Error()
+	if fault.CodeOf(err) == fault.Internal && !strings.HasPrefix(msg, string(fault.Internal)) {
+		msg = string(fault.Internal) + ": " + msg
+	}
+	fmt.Fprintln(w, msg)
+	return 1
+}
+
+func (a *App) printHelp(w io.Writer, cmds []*command) {
+	fmt.Fprintf(w, "%s: durable background work on PostgreSQL.\n\nUsage:\n  %s COMMAND [flags]\n\nCommands:\n", a.name(), a.name())
+	for _, c := range cmds {
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nEvery command reads these variables; a flag of the same name overrides each:\n")
+	cfg, _ := config.Load(nil)
+	cfg.PrintHelp(w)
+	fmt.Fprintf(w, "\nRun %s COMMAND --help for a command's own flags.\n", a.name())
+}
+
+func (a *App) printCommandHelp(w io.Writer, cmd *command, fset *flag.FlagSet, cfg *config.Config) {
+	fmt.Fprintf(w, "Usage: %s %s [flags] %s\n\n%s\n\nFlags:\n", a.name(), cmd.name, cmd.usage, cmd.summary)
+	cfgFlags := map[string]bool{}
+	for _, f := range cfg.Fields() {
+		cfgFlags[f.Flag] = true
+	}
+	fset.VisitAll(func(f *flag.Flag) {
+		if cfgFlags[f.Name] {
+			return
+		}
+		def := ""
+		if f.DefValue != "" && f.DefValue != "false" {
+			def = " (default " + f.DefValue + ")"
+		}
+		fmt.Fprintf(w, "  --%-14s %s%s\n", f.Name, f.Usage, def)
+	})
+	fmt.Fprintf(w, "\nConfiguration (environment, or the flag of the same name):\n")
+	defaults, _ := config.Load(nil)
+	defaults.PrintHelp(w)
+}
+
+// Session is one command's run: its configuration, logger, database and the
+// cleanups to run at the end.
+type Session struct {
+	App       *App
+	Config    *config.Config
+	Env       Env
+	Log       zerolog.Logger
+	Dev       bool // --dev: an embedded: URL is allowed
+	NoMigrate bool // --no-migrate
+
+	cluster  *embedded.Cluster
+	pool     *pg.Pool
+	closers  []func()
+	logReady bool
+}
+
+func (s *Session) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+}
+
+// onClose registers f to run when the command ends, after the ones registered later.
+func (s *Session) onClose(f func()) { s.closers = append(s.closers, f) }
+
+// setup validates the configuration and builds the logger.
+func (s *Session) setup() error {
+	if err := s.Config.Validate(); err != nil {
+		return err
+	}
+	if !s.logReady {
+		s.Log = logging.New(s.Env.Stderr, s.Config.LogLevel, s.Config.LogFormat)
+		s.logReady = true
+	}
+	return nil
+}
+
+// Pool validates the configuration, starts the embedded cluster if the URL
+// names one (only with --dev or in dev), and opens the pool.
+func (s *Session) Pool(ctx context.Context) (*pg.Pool, error) {
+	if s.pool != nil {
+		return s.pool, nil
+	}
+	if err := s.setup(); err != nil {
+		return nil, err
+	}
+	url := s.Config.DatabaseURL
+	if embedded.IsURL(url) {
+		if !s.Dev {
+			return nil, fault.New(fault.InvalidConfig, "BETTER_COMPUTE_DATABASE_URL=%s is an embedded development cluster: pass --dev to use it, or point at a real server", url)
+		}
+		c, err := embedded.FromURL(ctx, url, embedded.Options{BinDir: s.Config.PGBin, Logf: func(f string, a ...any) {
+			s.Log.Info().Msgf(f, a...)
+		}})
+		if err != nil {
+			return nil, err
+		}
+		s.cluster = c
+		s.onClose(func() {
+			if err := c.Stop(); err != nil {
+				s.Log.Warn().Err(err).Msg("stopping the embedded PostgreSQL")
+			}
+		})
+		url = c.URL()
+	}
+	p, err := pg.Open(ctx, pg.Options{
+		URL:              url,
+		MaxConns:         int32(s.Config.DBMaxConns),
+		StatementTimeout: s.Config.StatementTimeout,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.pool = p
+	s.onClose(p.Close)
+	s.Log.Debug().Str("database", pg.RedactURL(url)).Msg("connected")
+	return p, nil
+}
+
+// MigrationSet is the built-in set followed by the application's modules.
+func (s *Session) MigrationSet() (*migrate.Set, error) {
+	var groups []migrate.Group
+	for _, m := range s.App.Modules {
+		g := migrate.Group{Owner: m.Name}
+		if m.Migrations != nil {
+			ms, err := migrate.FromFS(m.Name, m.Migrations)
+			if err != nil {
+				return nil, err
+			}
+			g.Migrations = ms
+		}
+		groups = append(groups, g)
+	}
+	return migrate.Builtin(groups...)
+}
+
+// Migrate validates the modules and applies pending migrations, logging each.
+func (s *Session) Migrate(ctx context.Context) (*migrate.Result, error) {
+	set, err := s.MigrationSet()
+	if err != nil {
+		return nil, err
+	}
+	p, err := s.Pool(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := migrate.EnsureExtensions(ctx, p); err != nil {
+		return nil, err
+	}
+	return set.Apply(ctx, p, func(name string, took time.Duration) {
+		s.Log.Info().Str("migration", name).Dur("took", took).Msg("applied migration")
+	})
+}

@@ -1,0 +1,205 @@
+// Package config is Better Compute's one configuration struct, read from the
+// environment (prefix BETTER_COMPUTE_) with caarlos0/env and overridden by
+// command-line flags of the same names (DATABASE_URL is --database-url).
+//
+// Validate returns INVALID_CONFIG naming the variable at fault. Help lists every
+// variable with its default, from the struct itself, so the list cannot go stale.
+package config
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"reflect"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+
+	"github.com/bettercompute/bettercompute/platform/fault"
+)
+
+// Prefix is the environment prefix of every variable.
+const Prefix = "BETTER_COMPUTE_"
+
+// Config is every setting of the binary. The env tag is the variable's name
+// after the prefix; help is its one-line description.
+type Config struct {
+	DatabaseURL      string        `env:"DATABASE_URL" help:"PostgreSQL URL (postgres://…), or embedded:DIR / embedded:memory for a private cluster"`
+	DBMaxConns       int           `env:"DB_MAX_CONNS" envDefault:"20" help:"maximum connections in this process's pool"`
+	StatementTimeout time.Duration `env:"STATEMENT_TIMEOUT" envDefault:"15s" help:"statement timeout, SET LOCAL in every transaction"`
+	LogLevel         string        `env:"LOG_LEVEL" envDefault:"info" help:"trace, debug, info, warn or error"`
+	LogFormat        string        `env:"LOG_FORMAT" help:"json or console (default: console when stderr is a terminal, else json)"`
+	PGBin            string        `env:"PG_BIN" help:"directory of initdb and postgres for embedded: URLs (default: PATH, then /usr/lib/postgresql/*/bin)"`
+
+	ShardCount      int           `env:"SHARD_COUNT" envDefault:"16" help:"number of shards, fixed when the database is first migrated"`
+	LeaseTTL        time.Duration `env:"LEASE_TTL" envDefault:"15s" help:"shard and sink lease lifetime"`
+	LeaseRenew      time.Duration `env:"LEASE_RENEW" envDefault:"5s" help:"lease renewal interval (less than a third of LEASE_TTL)"`
+	StopGrace       time.Duration `env:"STOP_GRACE" envDefault:"10s" help:"on SIGTERM, how long in-flight jobs may finish before they are cancelled and handed back"`
+	ResyncEvery     time.Duration `env:"RESYNC_INTERVAL" envDefault:"10m" help:"how often every reconciler re-enqueues all it owns"`
+	WorkersPerShard int           `env:"WORKERS_PER_SHARD" envDefault:"8" help:"concurrent jobs per shard queue"`
+	PollInterval    time.Duration `env:"POLL_INTERVAL" envDefault:"100ms" help:"how often River polls a queue for new jobs (River runs poll-only)"`
+
+	Listen       string `env:"LISTEN" envDefault:"127.0.0.1:8080" help:"serve: address to listen on (loopback unless credentials are set)"`
+	AuthUser     string `env:"AUTH_USER" help:"serve: basic-auth user for River UI, the API and the event stream"`
+	AuthPassword string `env:"AUTH_PASSWORD" help:"serve: basic-auth password" secret:"true"`
+	ReadOnly     bool   `env:"READ_ONLY" envDefault:"false" help:"serve: refuse every state-changing request to River UI"`
+}
+
+// Load reads the environment into a Config with defaults applied. environ is a
+// list of KEY=VALUE (os.Environ()).
+func Load(environ []string) (*Config, error) {
+	m := map[string]string{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	c := &Config{}
+	if err := env.ParseWithOptions(c, env.Options{Prefix: Prefix, Environment: m}); err != nil {
+		return nil, fault.Wrap(fault.InvalidConfig, err, "cannot read the configuration from the environment")
+	}
+	return c, nil
+}
+
+// Validate checks every field and returns INVALID_CONFIG naming the first bad one.
+func (c *Config) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return fault.New(fault.InvalidConfig, "%s%s: %s", Prefix, field, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.DatabaseURL == "":
+		return bad("DATABASE_URL", "not set (a postgres:// URL, or embedded:DIR for development)")
+	case c.DBMaxConns < 1 || c.DBMaxConns > 10000:
+		return bad("DB_MAX_CONNS", "%d is out of range (1 to 10000)", c.DBMaxConns)
+	case c.StatementTimeout < 0:
+		return bad("STATEMENT_TIMEOUT", "%s is negative", c.StatementTimeout)
+	case c.ShardCount < 1 || c.ShardCount > 4096:
+		return bad("SHARD_COUNT", "%d is out of range (1 to 4096)", c.ShardCount)
+	case c.LeaseTTL < 100*time.Millisecond:
+		return bad("LEASE_TTL", "%s is too short (at least 100ms)", c.LeaseTTL)
+	case c.LeaseRenew <= 0 || c.LeaseRenew*3 > c.LeaseTTL:
+		return bad("LEASE_RENEW", "%s must be positive and at most a third of LEASE_TTL (%s)", c.LeaseRenew, c.LeaseTTL)
+	case c.StopGrace < 0:
+		return bad("STOP_GRACE", "%s is negative", c.StopGrace)
+	case c.ResyncEvery < time.Second:
+		return bad("RESYNC_INTERVAL", "%s is too short (at least 1s)", c.ResyncEvery)
+	case c.WorkersPerShard < 1 || c.WorkersPerShard > 10000:
+		return bad("WORKERS_PER_SHARD", "%d is out of range (1 to 10000)", c.WorkersPerShard)
+	case c.PollInterval < time.Millisecond:
+		return bad("POLL_INTERVAL", "%s is too short (at least 1ms)", c.PollInterval)
+	case c.AuthPassword != "" && c.AuthUser == "" || c.AuthUser != "" && c.AuthPassword == "":
+		return bad("AUTH_USER", "AUTH_USER and AUTH_PASSWORD go together")
+	}
+	switch c.LogLevel {
+	case "trace", "debug", "info", "warn", "error":
+	default:
+		return bad("LOG_LEVEL", "%q is not one of trace, debug, info, warn, error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "", "json", "console":
+	default:
+		return bad("LOG_FORMAT", "%q is not json or console", c.LogFormat)
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return bad("LISTEN", "%q is not host:port", c.Listen)
+	}
+	return nil
+}
+
+// Field describes one variable, for help and flags.
+type Field struct {
+	Env     string // BETTER_COMPUTE_…
+	Flag    string // --…
+	Default string
+	Help    string
+	Secret  bool
+	value   reflect.Value
+}
+
+// Fields lists every variable of c in declaration order.
+func (c *Config) Fields() []Field {
+	v := reflect.ValueOf(c).Elem()
+	t := v.Type()
+	out := make([]Field, 0, t.NumField())
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		key := f.Tag.Get("env")
+		if key == "" {
+			continue
+		}
+		out = append(out, Field{
+			Env:     Prefix + key,
+			Flag:    strings.ReplaceAll(strings.ToLower(key), "_", "-"),
+			Default: f.Tag.Get("envDefault"),
+			Help:    f.Tag.Get("help"),
+			Secret:  f.Tag.Get("secret") == "true",
+			value:   v.Field(i),
+		})
+	}
+	return out
+}
+
+// RegisterFlags adds a flag for every variable to fs; a flag given on the command
+// line overrides the environment. Call after Load, before fs.Parse.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	for _, f := range c.Fields() {
+		fs.Var(fieldValue{f.value}, f.Flag, f.Help+" (env "+f.Env+")")
+	}
+}
+
+// PrintHelp writes every variable with its flag and default.
+func (c *Config) PrintHelp(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "  VARIABLE\tFLAG\tDEFAULT\tMEANING")
+	for _, f := range c.Fields() {
+		def := f.Default
+		if def == "" {
+			def = "-"
+		}
+		fmt.Fprintf(tw, "  %s\t--%s\t%s\t%s\n", f.Env, f.Flag, def, f.Help)
+	}
+	_ = tw.Flush()
+}
+
+type fieldValue struct{ v reflect.Value }
+
+func (f fieldValue) String() string {
+	if !f.v.IsValid() {
+		return ""
+	}
+	return fmt.Sprint(f.v.Interface())
+}
+
+func (f fieldValue) IsBoolFlag() bool { return f.v.IsValid() && f.v.Kind() == reflect.Bool }
+
+func (f fieldValue) Set(s string) error {
+	switch f.v.Interface().(type) {
+	case time.Duration:
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		f.v.SetInt(int64(d))
+	case string:
+		f.v.SetString(s)
+	case int:
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return err
+		}
+		f.v.SetInt(int64(n))
+	case bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return err
+		}
+		f.v.SetBool(b)
+	default:
+		return fmt.Errorf("unsupported type %s", f.v.Type())
+	}
+	return nil
+}

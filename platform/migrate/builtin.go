@@ -1,0 +1,116 @@
+package migrate
+
+import (
+	"context"
+	"fmt"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"io/fs"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/bettercompute/bettercompute/migrations"
+	"github.com/bettercompute/bettercompute/platform/fault"
+)
+
+// RiverOwner is the ledger owner of River's schema.
+const RiverOwner = "river"
+
+// River returns River's schema as ledger migrations river/nnnn_<name>, one River
+// version each. Applying them one version per transaction also splits River's
+// versions at 4, which a fresh database needs (an enum value added in 4 is used
+// in 6).
+func River() (Group, error) {
+	m, err := rivermigrate.New(riverpgxv5.New(nil), nil)
+	if err != nil {
+		return Group{}, fault.Wrap(fault.Internal, err, "cannot load River's migrations")
+	}
+	g := Group{Owner: RiverOwner}
+	for _, v := range m.AllVersions() {
+		version := v.Version
+		slug := strings.ReplaceAll(strings.ToLower(v.Name), " ", "_")
+		slug = strings.Map(func(r rune) rune {
+			if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' {
+				return r
+			}
+			return '_'
+		}, slug)
+		g.Migrations = append(g.Migrations, Migration{
+			Owner: RiverOwner, Number: version, Slug: slug, SQL: v.SQLUp,
+			Apply: func(ctx context.Context, tx pgx.Tx) error {
+				_, err := m.MigrateTx(ctx, tx, rivermigrate.DirectionUp, &rivermigrate.MigrateOpts{TargetVersion: version})
+				return err
+			},
+		})
+	}
+	return g, nil
+}
+
+// Builtin returns the set of Better Compute's own migrations (core, River, the
+// built-in modules), followed by the application's groups in the order given.
+func Builtin(app ...Group) (*Set, error) {
+	var groups []Group
+	for i, owner := range migrations.Owners {
+		sub, err := fs.Sub(migrations.FS, owner)
+		if err != nil {
+			return nil, fault.Wrap(fault.Internal, err, "cannot read the %s migrations", owner)
+		}
+		ms, err := FromFS(owner, sub)
+		if err != nil {
+			return nil, err
+		}
+		groups = append(groups, Group{Owner: owner, Migrations: ms})
+		if i == 0 {
+			rg, err := River()
+			if err != nil {
+				return nil, err
+			}
+			groups = append(groups, rg)
+		}
+	}
+	for _, g := range app {
+		if g.Owner == CoreOwner || g.Owner == RiverOwner || containsOwner(groups, g.Owner) {
+			return nil, fault.New(fault.InvalidConfig, "migration owner %q is reserved by Better Compute", g.Owner)
+		}
+	}
+	return NewSet(append(groups, app...)...)
+}
+
+func containsOwner(groups []Group, owner string) bool {
+	for _, g := range groups {
+		if g.Owner == owner {
+			return true
+		}
+	}
+	return false
+}
+
+// EnsureExtensions creates btree_gist (the capacity guarantee's exclusion
+// constraint needs it) if it is missing. Without the privilege to create it, it
+// returns INVALID_CONFIG saying that a superuser must run CREATE EXTENSION
+// btree_gist once.
+func EnsureExtensions(ctx context.Context, db *pg.Pool) error {
+	var have bool
+	if err := db.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'btree_gist')").Scan(&have); err != nil {
+		return pg.Translate(fmt.Errorf("error checking for btree_gist: %w", err))
+	}
+	if have {
+		return nil
+	}
+	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", LockKey1, LockKey2); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS btree_gist")
+		return err
+	})
+	if err != nil {
+		if fault.CodeOf(pg.Translate(err)) == fault.Unavailable {
+			return pg.Translate(err)
+		}
+		return fault.Wrap(fault.InvalidConfig, err, "the extension btree_gist is missing and this role cannot create it: a superuser must run CREATE EXTENSION btree_gist once in this database")
+	}
+	return nil
+}

@@ -1,0 +1,322 @@
+// Package pg is Better Compute's PostgreSQL access: one pgx pool per process that
+// is safe behind PgBouncer in transaction mode, a transaction helper that every
+// part uses, and the translation of driver errors into fault codes.
+//
+// # PgBouncer rules
+//
+// The pool keeps no session state, so any server connection can serve any
+// transaction:
+//
+//   - no startup parameters beyond what the URL names;
+//   - the statement timeout is SET LOCAL inside each transaction, sent with BEGIN
+//     in one round trip, so it never outlives the transaction;
+//   - only unnamed statements (pgx QueryExecModeExec; the pgx default and
+//     DescribeExec fail through PgBouncer 1.18 in transaction mode);
+//   - no LISTEN/NOTIFY and no session-level advisory locks (migrators use
+//     pg_advisory_xact_lock, leases are rows).
+//
+// # Broken connections
+//
+// An idle connection that errors (a restarted server, pg_terminate_backend) is
+// dropped: pgxpool pings a connection idle for more than a second before handing
+// it out, and InTx retries a BEGIN that failed on a dead connection with a fresh
+// one, since nothing has happened yet. A broken connection never crashes the
+// process; at worst the statement in flight returns UNAVAILABLE.
+package pg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bettercompute/bettercompute/platform/fault"
+)
+
+// DBTX is what domain functions take: both *Pool and pgx.Tx satisfy it. Domain
+// code never begins or commits on its own; it runs in the caller's transaction,
+// or opens a savepoint with InTx when given one.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Options configure Open.
+type Options struct {
+	URL              string        // a postgres:// URL or key=value string
+	MaxConns         int32         // default 20
+	StatementTimeout time.Duration // default 15 s; 0 keeps the default, negative disables
+	// ApplicationName is reported in pg_stat_activity. It is sent with each BEGIN
+	// (SET LOCAL), never as a startup parameter.
+	ApplicationName string
+}
+
+// Pool is a pgxpool.Pool whose Begin sets the statement timeout. River and
+// anything else that needs the raw pool use the embedded *pgxpool.Pool.
+type Pool struct {
+	*pgxpool.Pool
+	beginSQL string // BEGIN plus SET LOCAL, sent as one simple-protocol message
+	timeout  time.Duration
+}
+
+// Open connects a pool. It returns INVALID_CONFIG for a URL that does not parse
+// and UNAVAILABLE when the server cannot be reached or refuses the login; no
+// error ever contains the password.
+func Open(ctx context.Context, o Options) (*Pool, error) {
+	cfg, err := pgxpool.ParseConfig(o.URL)
+	if err != nil {
+		return nil, fault.New(fault.InvalidConfig, "BETTER_COMPUTE_DATABASE_URL does not parse: %s", Redact(err.Error(), o.URL))
+	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = 20
+	}
+	cfg.MaxConns = o.MaxConns
+	cfg.MinConns = 0
+	cfg.MaxConnIdleTime = 5 * time.Minute
+	cfg.HealthCheckPeriod = 30 * time.Second
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	cfg.ConnConfig.StatementCacheCapacity = 0
+	cfg.ConnConfig.DescriptionCacheCapacity = 0
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
+
+	p := &Pool{timeout: o.StatementTimeout}
+	if p.timeout == 0 {
+		p.timeout = 15 * time.Second
+	}
+	p.beginSQL = beginSQL("", false, p.timeout, o.ApplicationName)
+
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fault.New(fault.InvalidConfig, "cannot configure the pool: %s", Redact(err.Error(), o.URL))
+	}
+	p.Pool = pool
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, Translate(fmt.Errorf("cannot reach the database: %s", Redact(err.Error(), o.URL)))
+	}
+	return p, nil
+}
+
+// StatementTimeout is the timeout every transaction of this pool sets.
+func (p *Pool) StatementTimeout() time.Duration { return p.timeout }
+
+// Begin starts a read committed transaction with the pool's statement timeout,
+// in one round trip. It retries on a fresh connection when the pooled one turns
+// out to be dead.
+func (p *Pool) Begin(ctx context.Context) (pgx.Tx, error) {
+	return p.begin(ctx, p.beginSQL)
+}
+
+func (p *Pool) begin(ctx context.Context, sql string) (pgx.Tx, error) {
+	var err error
+	// Every pooled connection may be dead after a server restart; each failed
+	// attempt destroys one, so MaxConns+1 attempts always reach a fresh one.
+	for attempt := 0; attempt <= int(p.Config().MaxConns); attempt++ {
+		var tx pgx.Tx
+		tx, err = p.Pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: sql})
+		if err == nil {
+			return tx, nil
+		}
+		if ctx.Err() != nil || !isBrokenConn(err) {
+			break
+		}
+	}
+	return nil, Translate(fmt.Errorf("error beginning transaction: %w", err))
+}
+
+// isBrokenConn reports whether err says the connection, not the statement, failed:
+// nothing reached the server, or the server ended the session.
+func isBrokenConn(err error) bool {
+	if pgconn.SafeToRetry(err) {
+		return true
+	}
+	switch SQLState(err) {
+	case "57P01", "57P02", "57P03", "08000", "08003", "08006":
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return false
+	}
+	// A closed socket surfaces as a plain network error (EOF, reset).
+	return errors.Is(err, pgx.ErrTxClosed) || strings.Contains(err.Error(), "conn closed") ||
+		strings.Contains(err.Error(), "unexpected EOF") || strings.Contains(err.Error(), "broken pipe") ||
+		strings.Contains(err.Error(), "connection reset")
+}
+
+// Isolation levels for TxOptions.
+const (
+	ReadCommitted  = pgx.ReadCommitted
+	RepeatableRead = pgx.RepeatableRead
+	Serializable   = pgx.Serializable
+)
+
+// TxOptions choose the isolation level and access mode of a top-level
+// transaction. They are ignored for a nested transaction (a savepoint).
+type TxOptions struct {
+	Isolation pgx.TxIsoLevel // default read committed
+	ReadOnly  bool
+}
+
+// InTx runs fn in a transaction and commits it when fn returns nil.
+//
+// Given a *Pool it begins a transaction (read committed unless opts say
+// otherwise, with the statement timeout). Given a pgx.Tx it opens a savepoint, so
+// a failure inside rolls back only fn's work. It rolls back when fn returns an
+// error or panics (and re-panics). A COMMIT that the server turned into a
+// ROLLBACK, because a statement failed and fn swallowed the error, returns
+// INTERNAL_ERROR, never success.
+func InTx(ctx context.Context, db DBTX, opts *TxOptions, fn func(tx pgx.Tx) error) (err error) {
+	var tx pgx.Tx
+	switch d := db.(type) {
+	case *Pool:
+		sql := d.beginSQL
+		if opts != nil && (opts.Isolation != "" || opts.ReadOnly) {
+			sql = beginSQL(opts.Isolation, opts.ReadOnly, d.timeout, "")
+		}
+		tx, err = d.begin(ctx, sql)
+	default:
+		tx, err = db.Begin(ctx)
+		if err != nil {
+			err = Translate(fmt.Errorf("error beginning transaction: %w", err))
+		}
+	}
+	if err != nil {
+		return err
+	}
+
+	defer func() {
+		if p := recover(); p != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			panic(p)
+		}
+	}()
+
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if errors.Is(err, pgx.ErrTxCommitRollback) {
+			return fault.Wrap(fault.Internal, err, "the transaction was rolled back by the server at COMMIT (a statement in it failed)")
+		}
+		return Translate(fmt.Errorf("error committing transaction: %w", err))
+	}
+	return nil
+}
+
+func beginSQL(iso pgx.TxIsoLevel, readOnly bool, timeout time.Duration, app string) string {
+	var b strings.Builder
+	b.WriteString("BEGIN")
+	if iso != "" {
+		b.WriteString(" ISOLATION LEVEL ")
+		b.WriteString(string(iso))
+	}
+	if readOnly {
+		b.WriteString(" READ ONLY")
+	}
+	if timeout > 0 {
+		fmt.Fprintf(&b, "; SET LOCAL statement_timeout = %d", timeout.Milliseconds())
+	}
+	if app != "" {
+		fmt.Fprintf(&b, "; SET LOCAL application_name = %s", quoteLiteral(app))
+	}
+	return b.String()
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// SQLState returns the SQLSTATE of the PostgreSQL error in err's chain, or "".
+// Common ones: 23P01 exclusion violation, 23505 unique violation, 40001
+// serialization failure, 40P01 deadlock, 57014 statement timeout.
+func SQLState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// Translate gives a driver error a fault code, keeping it as the cause:
+// pgx.ErrNoRows is NOT_FOUND; exclusion, unique, serialization and deadlock
+// failures are CONFLICT; a dead connection or an unreachable server is
+// UNAVAILABLE. An error that already carries a code, or nil, is returned as is.
+func Translate(err error) error {
+	if err == nil {
+		return nil
+	}
+	var fe *fault.Error
+	if errors.As(err, &fe) {
+		return err
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return &fault.Error{Code: fault.NotFound, Err: err}
+	}
+	switch st := SQLState(err); {
+	case st == "23P01" || st == "23505" || st == "40001" || st == "40P01":
+		return &fault.Error{Code: fault.Conflict, Err: err}
+	case st == "57014":
+		return &fault.Error{Code: fault.Unavailable, Message: "statement timeout", Err: err}
+	case st == "28P01" || st == "28000":
+		return &fault.Error{Code: fault.Unavailable, Message: "the database refused the login", Err: err}
+	case st == "3D000":
+		return &fault.Error{Code: fault.InvalidConfig, Message: "the database does not exist", Err: err}
+	case strings.HasPrefix(st, "08") || strings.HasPrefix(st, "57P") || st == "53300":
+		return &fault.Error{Code: fault.Unavailable, Err: err}
+	case st != "":
+		return &fault.Error{Code: fault.Internal, Err: err}
+	}
+	if isBrokenConn(err) || pgconn.Timeout(err) || strings.Contains(err.Error(), "failed to connect") ||
+		strings.Contains(err.Error(), "cannot reach") {
+		return &fault.Error{Code: fault.Unavailable, Err: err}
+	}
+	return err
+}
+
+// Redact removes the password of connURL (and any password= value) from s.
+func Redact(s, connURL string) string {
+	if u, err := url.Parse(connURL); err == nil && u.User != nil {
+		if pw, ok := u.User.Password(); ok && pw != "" {
+			s = strings.ReplaceAll(s, pw, "xxxxx")
+			if esc := url.QueryEscape(pw); esc != pw {
+				s = strings.ReplaceAll(s, esc, "xxxxx")
+			}
+			if esc := url.PathEscape(pw); esc != pw {
+				s = strings.ReplaceAll(s, esc, "xxxxx")
+			}
+		}
+	}
+	if i := strings.Index(connURL, "password="); i >= 0 {
+		pw := connURL[i+len("password="):]
+		if j := strings.IndexAny(pw, " &"); j >= 0 {
+			pw = pw[:j]
+		}
+		pw = strings.Trim(pw, "'")
+		if pw != "" {
+			s = strings.ReplaceAll(s, pw, "xxxxx")
+		}
+	}
+	return s
+}
+
+// RedactURL returns connURL with its password replaced by xxxxx, for display.
+func RedactURL(connURL string) string {
+	if u, err := url.Parse(connURL); err == nil && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			return u.String()
+		}
+		return connURL
+	}
+	return Redact(connURL, connURL)
+}
