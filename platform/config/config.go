@@ -7,6 +7,7 @@
 package config
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -36,6 +37,8 @@ type Config struct {
 	PGBin            string        `env:"PG_BIN" help:"directory of initdb and postgres for embedded: URLs (default: PATH, then /usr/lib/postgresql/*/bin)"`
 
 	ShardCount      int           `env:"SHARD_COUNT" envDefault:"16" help:"number of shards, fixed when the database is first migrated"`
+	Shards          string        `env:"SHARDS" envDefault:"all" help:"worker: shards to serve: all, a range 0-7, a list 1,3,5, or a mix 0-3,8"`
+	MetricsListen   string        `env:"METRICS_LISTEN" help:"worker: address for /metrics and /healthz (default: off)"`
 	LeaseTTL        time.Duration `env:"LEASE_TTL" envDefault:"15s" help:"shard and sink lease lifetime"`
 	LeaseRenew      time.Duration `env:"LEASE_RENEW" envDefault:"5s" help:"lease renewal interval (less than a third of LEASE_TTL)"`
 	StopGrace       time.Duration `env:"STOP_GRACE" envDefault:"10s" help:"on SIGTERM, how long in-flight jobs may finish before they are cancelled and handed back"`
@@ -60,6 +63,13 @@ func Load(environ []string) (*Config, error) {
 	}
 	c := &Config{}
 	if err := env.ParseWithOptions(c, env.Options{Prefix: Prefix, Environment: m}); err != nil {
+		// Name the variable, not the Go field that caarlos0/env reports.
+		var pe env.ParseError
+		if errors.As(err, &pe) {
+			if f, ok := reflect.TypeOf(Config{}).FieldByName(pe.Name); ok && f.Tag.Get("env") != "" {
+				return nil, fault.Wrap(fault.InvalidConfig, pe.Err, "%s%s: not a valid %s", Prefix, f.Tag.Get("env"), pe.Type)
+			}
+		}
 		return nil, fault.Wrap(fault.InvalidConfig, err, "cannot read the configuration from the environment")
 	}
 	return c, nil

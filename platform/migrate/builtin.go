@@ -114,3 +114,36 @@ func EnsureExtensions(ctx context.Context, db *pg.Pool) error {
 	}
 	return nil
 }
+
+// InitSettings stores the deployment's shard count at the first migrate and
+// returns the stored one (which a later migrate never changes).
+func InitSettings(ctx context.Context, db pg.DBTX, shardCount int) (int, error) {
+	if shardCount < 1 || shardCount > 4096 {
+		return 0, fault.New(fault.InvalidConfig, "BETTER_COMPUTE_SHARD_COUNT: %d is out of range (1 to 4096)", shardCount)
+	}
+	var stored int
+	err := db.QueryRow(ctx, `
+WITH ins AS (
+    INSERT INTO compute_settings (id, shard_count) VALUES (true, $1)
+    ON CONFLICT (id) DO NOTHING RETURNING shard_count
+)
+SELECT shard_count FROM ins UNION ALL SELECT shard_count FROM compute_settings LIMIT 1`, shardCount).Scan(&stored)
+	if err != nil {
+		return 0, pg.Translate(fmt.Errorf("error storing the shard count: %w", err))
+	}
+	return stored, nil
+}
+
+// ShardCount reads the stored shard count: NOT_FOUND before the first migrate.
+func ShardCount(ctx context.Context, db pg.DBTX) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, `SELECT shard_count FROM compute_settings`).Scan(&n)
+	if err != nil {
+		err = pg.Translate(err)
+		if fault.Has(err, fault.NotFound) || pg.SQLState(err) == "42P01" {
+			return 0, fault.New(fault.NotFound, "the shard count is not stored yet: run better-compute migrate")
+		}
+		return 0, err
+	}
+	return n, nil
+}

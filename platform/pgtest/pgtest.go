@@ -85,6 +85,10 @@ func Cluster(tb testing.TB) *embedded.Cluster {
 	return cluster
 }
 
+// DefaultShardCount is the shard count of every test database (the production
+// default). A test that needs another count updates compute_settings.
+const DefaultShardCount = 16
+
 // Options configure New.
 type Options struct {
 	// Groups are application migration groups to apply after the built-in ones.
@@ -175,6 +179,9 @@ func template(tb testing.TB, admin string, set *migrate.Set) string {
 			tb.Fatalf("pgtest: %v", err)
 		}
 		_, err = set.Apply(ctx, pool, nil)
+		if err == nil {
+			_, err = migrate.InitSettings(ctx, pool, DefaultShardCount)
+		}
 		pool.Close()
 		if err != nil {
 			_ = adminExec(ctx, admin, "DROP DATABASE IF EXISTS "+tmp)

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/url"
 	"os"
 	"os/signal"
 	"sort"
@@ -26,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/bettercompute/bettercompute/platform/config"
@@ -34,6 +36,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/logging"
 	"github.com/bettercompute/bettercompute/platform/migrate"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers"
 )
 
 // App is an application built on Better Compute.
@@ -53,6 +56,9 @@ type Module struct {
 	// Migrations holds the module's nnnn_slug.sql files at its root (for
 	// example an embed.FS narrowed with fs.Sub). Nil for none.
 	Migrations fs.FS
+	// Register adds the module's reconcilers, River workers and periodic jobs to
+	// a worker process's registry. Nil for none.
+	Register func(r *workers.Registry) error
 }
 
 // Env is what a command line runs against: its streams and environment.
@@ -81,7 +87,7 @@ type command struct {
 }
 
 func (a *App) commands() []*command {
-	cmds := []*command{migrateCommand(), doctorCommand(), devCommand()}
+	cmds := []*command{migrateCommand(), doctorCommand(), devCommand(), workerCommand()}
 	sort.Slice(cmds, func(i, j int) bool { return cmds[i].name < cmds[j].name })
 	return cmds
 }
@@ -206,6 +212,10 @@ type Session struct {
 
 	cluster  *embedded.Cluster
 	pool     *pg.Pool
+	// extraModules are added by dev (its demo), after the application's.
+	extraModules []Module
+	// workerMetrics holds the worker's Prometheus metrics once StartWorker ran.
+	workerMetrics *prometheus.Registry
 	closers  []func()
 	logReady bool
 }
@@ -276,7 +286,7 @@ func (s *Session) Pool(ctx context.Context) (*pg.Pool, error) {
 // MigrationSet is the built-in set followed by the application's modules.
 func (s *Session) MigrationSet() (*migrate.Set, error) {
 	var groups []migrate.Group
-	for _, m := range s.App.Modules {
+	for _, m := range append(append([]Module(nil), s.App.Modules...), s.extraModules...) {
 		g := migrate.Group{Owner: m.Name}
 		if m.Migrations != nil {
 			ms, err := migrate.FromFS(m.Name, m.Migrations)
@@ -303,7 +313,29 @@ func (s *Session) Migrate(ctx context.Context) (*migrate.Result, error) {
 	if err := migrate.EnsureExtensions(ctx, p); err != nil {
 		return nil, err
 	}
-	return set.Apply(ctx, p, func(name string, took time.Duration) {
+	res, err := set.Apply(ctx, p, func(name string, took time.Duration) {
 		s.Log.Info().Str("migration", name).Dur("took", took).Msg("applied migration")
 	})
+	if err != nil {
+		return res, err
+	}
+	stored, err := migrate.InitSettings(ctx, p, s.Config.ShardCount)
+	if err != nil {
+		return res, err
+	}
+	if stored != s.Config.ShardCount {
+		s.Log.Warn().Int("stored", stored).Int("configured", s.Config.ShardCount).
+			Msg("BETTER_COMPUTE_SHARD_COUNT differs from the shard count fixed at the first migrate; the stored one is used")
+	}
+	return res, nil
+}
+
+// passwordOf returns the password of a postgres:// URL, or "".
+func passwordOf(u string) string {
+	parsed, err := url.Parse(u)
+	if err != nil || parsed.User == nil {
+		return ""
+	}
+	pw, _ := parsed.User.Password()
+	return pw
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
@@ -22,17 +23,17 @@ func devCommand() *command {
 			if s.Config.DatabaseURL == "" {
 				s.Config.DatabaseURL = DevDatabase
 			}
+			s.extraModules = append(s.extraModules, demoModule())
 			db, err := s.Pool(ctx)
 			if err != nil {
 				return err
 			}
-			if !s.NoMigrate {
-				res, err := s.Migrate(ctx)
-				if err != nil {
-					return err
-				}
-				s.Log.Info().Int("applied", len(res.Applied)).Int("current", res.Skipped).Msg("migrations done")
+			rt, err := s.StartWorker(ctx) // migrates first, unless --no-migrate
+			if err != nil {
+				return err
 			}
+			defer func() { _ = rt.Stop(context.Background()) }()
+			go runDemo(ctx, s, db, 500*time.Millisecond)
 			url := db.Config().ConnString()
 			if s.cluster != nil {
 				url = s.cluster.URL()

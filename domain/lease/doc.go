@@ -1,0 +1,36 @@
+// Package lease is fencing by table rows: a lease is (name, owner, epoch,
+// expires_at) in compute_leases, taken and renewed by one guarded statement, and a
+// fenced transaction proves at its start that its lease is still current.
+//
+// # Invariants
+//
+//   - At most one owner holds a name at a time: acquiring succeeds only when the
+//     caller already owns the row or the row has expired (by compute_now()).
+//   - The epoch goes up exactly when the owner changes, so (owner, epoch) names
+//     one holding; a lease is never identified by its owner alone.
+//   - Fence runs SELECT … FOR SHARE on the row with the caller's owner and epoch
+//     and an unexpired expires_at. A takeover updates the row, so it waits until
+//     every fenced transaction of the previous holding has ended; after it, those
+//     fences find nothing and return FENCED. A bare EXISTS would not fence under
+//     read committed: it takes no lock.
+//   - A holder that cannot renew (a GC pause, SIGSTOP, a partition) stops its work
+//     by its own clock at expiry: the Keeper reports the loss at once.
+//
+// # States of a name, as seen by one process
+//
+//	          Acquire ok (epoch+1 if the owner changed)
+//	  free ─────────────────────────────────────────▶ held ──Renew ok──▶ held
+//	   ▲                                               │
+//	   │ Release (expires_at = -infinity)              │ Renew finds another owner,
+//	   │ or expiry                                     │ or expiry passes unrenewed
+//	   └───────────────────────────────────────────────┴──────────────▶ lost
+//
+// # Keeper
+//
+// A Keeper owns the leases of one process: it acquires the names it wants
+// (retrying a name held by another at the moment that holder's lease expires),
+// renews all of them in one statement every renewal interval (5 s by default;
+// shard and sink leases live 15 s), re-samples the clock anchor at each renewal
+// (CLOCK_SKEW beyond 1 s is logged and the leases are given up, since expiry can
+// no longer be trusted), and calls OnLost at once when a lease is lost.
+package lease

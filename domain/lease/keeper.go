@@ -1,0 +1,277 @@
+package lease
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+
+	"github.com/bettercompute/bettercompute/platform/clock"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
+)
+
+// KeeperOptions configure a Keeper.
+type KeeperOptions struct {
+	DB    *pg.Pool
+	Owner string        // this process's unique owner id
+	TTL   time.Duration // default 15 s
+	Renew time.Duration // default 5 s; at most TTL/3
+	Log   zerolog.Logger
+	// Anchor is re-sampled at every renewal; nil makes a private one.
+	Anchor *clock.Anchor
+
+	// Taken runs inside the transaction that acquires l, when this keeper did not
+	// hold l before (a start, or a takeover from another owner). An error rolls
+	// the acquisition back; it is retried at the next renewal.
+	Taken func(ctx context.Context, tx pgx.Tx, l Lease) error
+	// OnAcquired is called after the acquisition of l committed.
+	OnAcquired func(l Lease)
+	// OnLost is called at once when l is lost: another owner took it, or it
+	// expired by this process's clock without a successful renewal.
+	OnLost func(l Lease)
+}
+
+// Keeper keeps a process's leases: see the package doc.
+type Keeper struct {
+	o KeeperOptions
+
+	mu     sync.Mutex
+	want   map[string]bool
+	held   map[string]Lease
+	retry  map[string]time.Time // a name held by another: try again at its expiry
+	wake   chan struct{}
+	closed bool
+}
+
+// NewKeeper returns a keeper; call Run to start it.
+func NewKeeper(o KeeperOptions) *Keeper {
+	if o.TTL <= 0 {
+		o.TTL = 15 * time.Second
+	}
+	if o.Renew <= 0 {
+		o.Renew = o.TTL / 3
+	}
+	if o.Anchor == nil {
+		o.Anchor = &clock.Anchor{}
+	}
+	return &Keeper{o: o, want: map[string]bool{}, held: map[string]Lease{}, retry: map[string]time.Time{}, wake: make(chan struct{}, 1)}
+}
+
+// Owner is the keeper's owner id.
+func (k *Keeper) Owner() string { return k.o.Owner }
+
+// Want adds names to acquire and keep.
+func (k *Keeper) Want(names ...string) {
+	k.mu.Lock()
+	for _, n := range names {
+		k.want[n] = true
+		delete(k.retry, n)
+	}
+	k.mu.Unlock()
+	k.poke()
+}
+
+// Held returns the current holding of name, if this keeper holds it.
+func (k *Keeper) Held(name string) (Lease, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l, ok := k.held[name]
+	return l, ok
+}
+
+// HeldAll returns every holding of this keeper, by name.
+func (k *Keeper) HeldAll() []Lease {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make([]Lease, 0, len(k.held))
+	for _, l := range k.held {
+		out = append(out, l)
+	}
+	slices.SortFunc(out, func(a, b Lease) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		return 1
+	})
+	return out
+}
+
+func (k *Keeper) poke() {
+	select {
+	case k.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run acquires and renews until ctx is done. It does not release the leases;
+// call Release for a graceful stop.
+func (k *Keeper) Run(ctx context.Context) {
+	for {
+		k.tick(ctx)
+		wait := k.nextWait()
+		select {
+		case <-ctx.Done():
+			return
+		case <-k.wake:
+		case <-time.After(wait):
+		}
+	}
+}
+
+// nextWait is the time until the next renewal, the earliest retry of a name held
+// by another, or the earliest local expiry of a holding, whichever comes first.
+func (k *Keeper) nextWait() time.Duration {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	wait := k.o.Renew
+	now := k.o.Anchor.Now()
+	for _, at := range k.retry {
+		if d := at.Sub(now) + 5*time.Millisecond; d < wait {
+			wait = d
+		}
+	}
+	for _, l := range k.held {
+		if d := l.ExpiresAt.Add(-k.margin()).Sub(now); d < wait {
+			wait = d
+		}
+	}
+	return max(wait, time.Millisecond)
+}
+
+// margin: a holding is treated as lost this long before its expiry when it could
+// not be renewed, so the work it fences has stopped by the time another owner
+// can take it.
+func (k *Keeper) margin() time.Duration { return min(time.Second, k.o.TTL/10) }
+
+// Tick runs one acquire-and-renew round now (tests use it to avoid waiting).
+func (k *Keeper) Tick(ctx context.Context) { k.tick(ctx) }
+
+func (k *Keeper) tick(ctx context.Context) {
+	k.mu.Lock()
+	var names []string
+	for n := range k.want {
+		names = append(names, n)
+	}
+	before := make(map[string]Lease, len(k.held))
+	for n, l := range k.held {
+		before[n] = l
+	}
+	k.mu.Unlock()
+	if len(names) == 0 {
+		return
+	}
+	slices.Sort(names)
+
+	var got []Lease
+	err := pg.InTx(ctx, k.o.DB, nil, func(tx pgx.Tx) error {
+		var err error
+		got, err = AcquireMany(ctx, tx, names, k.o.Owner, k.o.TTL)
+		if err != nil {
+			return err
+		}
+		if k.o.Taken == nil {
+			return nil
+		}
+		for _, l := range got {
+			if prev, ok := before[l.Name]; l.Owner == k.o.Owner && (!ok || prev.Epoch != l.Epoch) {
+				if err := k.o.Taken(ctx, tx, l); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			k.o.Log.Warn().Err(err).Msg("lease renewal failed")
+		}
+		k.expireLocally()
+		return
+	}
+	if err := k.o.Anchor.Sample(ctx, k.o.DB); err != nil && ctx.Err() == nil {
+		if fault.Has(err, fault.ClockSkew) {
+			k.o.Log.Error().Err(err).Msg("clock skew: fencing still holds (it uses the database clock), but fix this host's clock")
+		} else {
+			k.o.Log.Warn().Err(err).Msg("clock sample failed")
+		}
+	}
+
+	var acquired, lost []Lease
+	k.mu.Lock()
+	for _, l := range got {
+		prev, had := k.held[l.Name]
+		switch {
+		case l.Owner == k.o.Owner && k.want[l.Name]:
+			k.held[l.Name] = l
+			delete(k.retry, l.Name)
+			if !had || prev.Epoch != l.Epoch {
+				acquired = append(acquired, l)
+			}
+		default:
+			if had {
+				delete(k.held, l.Name)
+				lost = append(lost, prev)
+			}
+			k.retry[l.Name] = l.ExpiresAt
+		}
+	}
+	k.mu.Unlock()
+	for _, l := range lost {
+		k.o.Log.Warn().Str("lease", l.Name).Int64("epoch", l.Epoch).Msg("lease lost to another owner")
+		if k.o.OnLost != nil {
+			k.o.OnLost(l)
+		}
+	}
+	for _, l := range acquired {
+		k.o.Log.Info().Str("lease", l.Name).Int64("epoch", l.Epoch).Msg("lease acquired")
+		if k.o.OnAcquired != nil {
+			k.o.OnAcquired(l)
+		}
+	}
+}
+
+// expireLocally declares lost every holding that is about to expire by this
+// process's clock, when it could not be renewed.
+func (k *Keeper) expireLocally() {
+	now := k.o.Anchor.Now()
+	var lost []Lease
+	k.mu.Lock()
+	for n, l := range k.held {
+		if !now.Before(l.ExpiresAt.Add(-k.margin())) {
+			delete(k.held, n)
+			lost = append(lost, l)
+		}
+	}
+	k.mu.Unlock()
+	for _, l := range lost {
+		k.o.Log.Warn().Str("lease", l.Name).Int64("epoch", l.Epoch).Msg("lease expired without renewal")
+		if k.o.OnLost != nil {
+			k.o.OnLost(l)
+		}
+	}
+}
+
+// Release gives up every holding (and stops wanting them), so other processes
+// can take them at once. Call it after the work they fence has stopped.
+func (k *Keeper) Release(ctx context.Context) error {
+	k.mu.Lock()
+	ls := make([]Lease, 0, len(k.held))
+	for _, l := range k.held {
+		ls = append(ls, l)
+	}
+	k.held = map[string]Lease{}
+	k.want = map[string]bool{}
+	k.mu.Unlock()
+	if len(ls) == 0 {
+		return nil
+	}
+	err := Release(ctx, k.o.DB, ls...)
+	if err == nil {
+		k.o.Log.Info().Int("leases", len(ls)).Msg("leases released")
+	}
+	return err
+}

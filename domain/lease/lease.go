@@ -1,0 +1,145 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
+)
+
+// Lease is one holding of a name.
+type Lease struct {
+	Name      string    `db:"name"`
+	Owner     string    `db:"owner"`
+	Epoch     int64     `db:"epoch"`
+	ExpiresAt time.Time `db:"expires_at"`
+}
+
+// acquireSQL takes or renews every name in $1 for owner $2 for $3 seconds: the one
+// guarded statement of seed 000, as an upsert so a name needs no row beforehand.
+// For each name it returns the holding after the statement: ours when acquired,
+// otherwise the current holder's (read before the statement), so a caller can wait
+// for its expiry.
+const acquireSQL = `
+WITH names AS (
+    SELECT DISTINCT unnest($1::text[]) AS name
+), want AS (
+    -- A name another owner holds unexpired is not touched: the upsert would lock
+    -- its row and stall the holder's fenced transactions for nothing.
+    SELECT n.name FROM names n
+    WHERE NOT EXISTS (SELECT 1 FROM compute_leases c
+                      WHERE c.name = n.name AND c.owner <> $2 AND c.expires_at >= compute_now())
+), took AS (
+    INSERT INTO compute_leases AS l (name, owner, epoch, expires_at, acquired_at)
+    SELECT name, $2, 1, compute_now() + make_interval(secs => $3), compute_now() FROM want
+    ON CONFLICT (name) DO UPDATE
+       SET owner = EXCLUDED.owner,
+           epoch = CASE WHEN l.owner = EXCLUDED.owner THEN l.epoch ELSE l.epoch + 1 END,
+           expires_at = EXCLUDED.expires_at,
+           acquired_at = CASE WHEN l.owner = EXCLUDED.owner THEN l.acquired_at ELSE EXCLUDED.acquired_at END
+     WHERE l.owner = EXCLUDED.owner OR l.expires_at < compute_now()
+    RETURNING l.name, l.owner, l.epoch, l.expires_at
+)
+SELECT n.name,
+       coalesce(t.owner, c.owner, '') AS owner,
+       coalesce(t.epoch, c.epoch, 0) AS epoch,
+       coalesce(t.expires_at, c.expires_at, '-infinity') AS expires_at
+FROM names n
+LEFT JOIN took t ON t.name = n.name
+LEFT JOIN compute_leases c ON c.name = n.name AND t.name IS NULL`
+
+// AcquireMany acquires or renews each name for owner for ttl and returns the
+// holding of every name after the call (in no particular order): Owner == owner
+// means the caller holds it now. A name held by another shows that holding, whose
+// ExpiresAt says when to try again.
+func AcquireMany(ctx context.Context, db pg.DBTX, names []string, owner string, ttl time.Duration) ([]Lease, error) {
+	if owner == "" {
+		return nil, fault.New(fault.InvalidArgument, "lease owner is empty")
+	}
+	if ttl <= 0 {
+		return nil, fault.New(fault.InvalidArgument, "lease ttl %s is not positive", ttl)
+	}
+	rows, err := db.Query(ctx, acquireSQL, names, owner, ttl.Seconds())
+	if err != nil {
+		return nil, pg.Translate(fmt.Errorf("error acquiring leases: %w", err))
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByName[Lease])
+	if err != nil {
+		return nil, pg.Translate(fmt.Errorf("error acquiring leases: %w", err))
+	}
+	return out, nil
+}
+
+// Acquire acquires or renews name for owner. It returns CONFLICT, with the
+// current holding, when another owner holds it.
+func Acquire(ctx context.Context, db pg.DBTX, name, owner string, ttl time.Duration) (Lease, error) {
+	ls, err := AcquireMany(ctx, db, []string{name}, owner, ttl)
+	if err != nil {
+		return Lease{}, err
+	}
+	if len(ls) != 1 || ls[0].Owner != owner {
+		var cur Lease
+		if len(ls) == 1 {
+			cur = ls[0]
+		}
+		return cur, fault.New(fault.Conflict, "lease %s is held by %s until %s", name, cur.Owner, cur.ExpiresAt.Format(time.RFC3339Nano))
+	}
+	return ls[0], nil
+}
+
+// Release gives up the holdings in ls at once (expires_at = -infinity), so the
+// next owner need not wait for the TTL. A holding that is no longer current is
+// left alone.
+func Release(ctx context.Context, db pg.DBTX, ls ...Lease) error {
+	if len(ls) == 0 {
+		return nil
+	}
+	names := make([]string, len(ls))
+	owners := make([]string, len(ls))
+	epochs := make([]int64, len(ls))
+	for i, l := range ls {
+		names[i], owners[i], epochs[i] = l.Name, l.Owner, l.Epoch
+	}
+	_, err := db.Exec(ctx, `
+UPDATE compute_leases l SET expires_at = '-infinity'
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(name, owner, epoch)
+WHERE l.name = r.name AND l.owner = r.owner AND l.epoch = r.epoch`, names, owners, epochs)
+	return pg.Translate(err)
+}
+
+// List returns the leases whose name starts with prefix, by name.
+func List(ctx context.Context, db pg.DBTX, prefix string) ([]Lease, error) {
+	rows, err := db.Query(ctx, `SELECT name, owner, epoch, expires_at FROM compute_leases
+		WHERE starts_with(name, $1) ORDER BY name`, prefix)
+	if err != nil {
+		return nil, pg.Translate(err)
+	}
+	ls, err := pgx.CollectRows(rows, pgx.RowToStructByName[Lease])
+	return ls, pg.Translate(err)
+}
+
+// ErrFenced is the error Fence returns; test with fault.Has(err, fault.Fenced).
+var ErrFenced = &fault.Error{Code: fault.Fenced}
+
+// Fence proves, as the first statement of tx, that l is still current: it locks
+// the lease row FOR SHARE, so a takeover waits for tx to end. It returns FENCED
+// when the row has another owner or epoch, or has expired by compute_now().
+func Fence(ctx context.Context, tx pgx.Tx, l Lease) error {
+	var one int
+	err := tx.QueryRow(ctx, FenceSQL, l.Name, l.Owner, l.Epoch).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fault.New(fault.Fenced, "lease %s (owner %s, epoch %d) is no longer held", l.Name, l.Owner, l.Epoch)
+	}
+	return pg.Translate(err)
+}
+
+// FenceSQL is Fence's statement, for callers that send it in a batch with others:
+// $1 name, $2 owner, $3 epoch; no row means FENCED.
+const FenceSQL = `SELECT 1 FROM compute_leases
+WHERE name = $1 AND owner = $2 AND epoch = $3 AND expires_at > compute_now()
+FOR SHARE`

@@ -1,0 +1,33 @@
+// Package jobs holds what applications enqueue and the helpers that route it:
+// the reconcile job and Dirty (coalescing), and the shard of a key. It imports
+// only River, pgx and the standard library, so enqueueing never pulls in worker
+// code.
+//
+// # Shards
+//
+// A deployment has a fixed number of shards, stored in compute_settings at the
+// first migrate. A key's shard is FNV-1a(key) mod the shard count, and each
+// shard's work runs in the River queue shard_<n>, which only the holder of the
+// shard's lease works.
+//
+// # Dirty: coalescing on River
+//
+// Dirty marks a key of a reconciler kind as needing a reconcile, in the caller's
+// transaction, with one round trip in the common case:
+//
+//	no row ──Dirty──▶ waiting (row gen=1, one River job scheduled at not_before)
+//	waiting ──Dirty──▶ waiting (gen+1; the earlier not_before wins and moves the job)
+//	waiting ──job starts──▶ running (the job reads gen)
+//	running ──Dirty──▶ running (gen+1; no second job: two reconciles never overlap)
+//	running ──done, gen unchanged──▶ no row
+//	running ──done, gen moved──▶ waiting (a follow-up job at not_before)
+//
+// A key therefore has at most one live River job, a wake-up during a run is never
+// lost, and the row plus its job commit or roll back with the caller's change.
+//
+// Call Dirty after the transaction's own writes (as seed 003 writes its outbox row
+// after the UPDATE that locks the item): the reconcile of the key locks the dirty
+// row last, so taking it first and a domain row second could deadlock with it.
+// PostgreSQL breaks such a deadlock (40P01, CONFLICT); nothing is lost, but it costs
+// a retry.
+package jobs

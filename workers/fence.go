@@ -1,0 +1,112 @@
+package workers
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/bettercompute/bettercompute/domain/lease"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
+)
+
+// jobFenceSQL locks the job's own row with this attempt: $1 id, $2 attempt. No row
+// means the attempt is stale (the job was handed back, rescued or cancelled).
+const jobFenceSQL = `SELECT 1 FROM river_job WHERE id = $1 AND attempt = $2 AND state = 'running' FOR UPDATE`
+
+// InTx runs fn in the fenced job transaction of job, which must be in a shard
+// queue of this process (see the package doc), and completes the job in it. It
+// returns FENCED, having written nothing, when the shard lease is no longer this
+// process's or the attempt is stale. If fn returns an error, nothing is written
+// and the job is not completed.
+//
+//	func (w *MyWorker) Work(ctx context.Context, job *river.Job[MyArgs]) error {
+//		return workers.InTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
+//			_, err := tx.Exec(ctx, `UPDATE …`)
+//			return err
+//		})
+//	}
+func InTx[T river.JobArgs](ctx context.Context, job *river.Job[T], fn func(ctx context.Context, tx pgx.Tx) error) error {
+	rt := runtimeFrom(ctx)
+	if rt == nil {
+		return fault.New(fault.Internal, "workers.InTx: no Runtime in the job's context (is the job worked by a workers.Runtime?)")
+	}
+	l, ok := rt.leaseForQueue(job.Queue)
+	if !ok {
+		rt.metrics.fenced(job.Queue)
+		return fault.New(fault.Fenced, "job %d: this process holds no lease for queue %s", job.ID, job.Queue)
+	}
+	return InTxLease(ctx, job, l, fn)
+}
+
+// InTxLease is InTx fenced by an explicit lease instead of the job's shard lease
+// (outbox sinks fence on their own sink lease).
+func InTxLease[T river.JobArgs](ctx context.Context, job *river.Job[T], l lease.Lease, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	rt := runtimeFrom(ctx)
+	if rt == nil {
+		return fault.New(fault.Internal, "workers.InTxLease: no Runtime in the job's context")
+	}
+	err := pg.InTx(ctx, rt.pool, nil, func(tx pgx.Tx) error {
+		if err := Fence(ctx, tx, l, job.JobRow); err != nil {
+			return err
+		}
+		if err := fn(ctx, tx); err != nil {
+			return err
+		}
+		done, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job)
+		if err != nil {
+			return fmt.Errorf("error completing job %d: %w", job.ID, err)
+		}
+		if done.State != rivertype.JobStateCompleted {
+			return fault.New(fault.Fenced, "job %d: completion found it %s, not running", job.ID, done.State)
+		}
+		return nil
+	})
+	if fault.Has(err, fault.Fenced) {
+		rt.metrics.fenced(job.Queue)
+	}
+	return err
+}
+
+// Fence runs both fences as the first statements of tx, in one round trip: the
+// lease l FOR SHARE, and job's row with its attempt FOR UPDATE. It returns FENCED
+// when either finds nothing.
+func Fence(ctx context.Context, tx pgx.Tx, l lease.Lease, job *rivertype.JobRow) error {
+	b := &pgx.Batch{}
+	b.Queue(lease.FenceSQL, l.Name, l.Owner, l.Epoch)
+	b.Queue(jobFenceSQL, job.ID, job.Attempt)
+	res := tx.SendBatch(ctx, b)
+	leaseRows, errLease := countRows(res)
+	jobRows, errJob := countRows(res)
+	if err := res.Close(); err != nil && errLease == nil && errJob == nil {
+		return pg.Translate(fmt.Errorf("error fencing job %d: %w", job.ID, err))
+	}
+	switch {
+	case errLease != nil:
+		return pg.Translate(fmt.Errorf("error fencing lease %s: %w", l.Name, errLease))
+	case errJob != nil:
+		return pg.Translate(fmt.Errorf("error fencing job %d: %w", job.ID, errJob))
+	case leaseRows == 0:
+		return fault.New(fault.Fenced, "job %d: lease %s (owner %s, epoch %d) is no longer held", job.ID, l.Name, l.Owner, l.Epoch)
+	case jobRows == 0:
+		return fault.New(fault.Fenced, "job %d: attempt %d is stale (the job is no longer running this attempt)", job.ID, job.Attempt)
+	}
+	return nil
+}
+
+func countRows(res pgx.BatchResults) (int, error) {
+	rows, err := res.Query()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	rows.Close()
+	return n, rows.Err()
+}

@@ -1,0 +1,135 @@
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/fault"
+)
+
+type runtimeKey struct{}
+
+func runtimeFrom(ctx context.Context) *Runtime {
+	rt, _ := ctx.Value(runtimeKey{}).(*Runtime)
+	return rt
+}
+
+// RuntimeFrom returns the Runtime working the job whose context ctx is.
+func RuntimeFrom(ctx context.Context) *Runtime { return runtimeFrom(ctx) }
+
+// jobMiddleware puts the runtime in every job's context, tracks the job so a lost
+// lease can cancel it, and turns errors into River outcomes in one place.
+type jobMiddleware struct {
+	river.MiddlewareDefaults
+	rt *Runtime
+}
+
+// FencedSnooze is how long a fenced job waits before the lease holder runs it.
+const FencedSnooze = time.Second
+
+func (m *jobMiddleware) Work(ctx context.Context, job *rivertype.JobRow, doInner func(ctx context.Context) error) error {
+	ctx = context.WithValue(ctx, runtimeKey{}, m.rt)
+	ctx, cancel := context.WithCancelCause(ctx)
+	m.rt.track(job.Queue, job.ID, cancel)
+	defer func() {
+		m.rt.untrack(job.Queue, job.ID)
+		cancel(nil)
+	}()
+
+	start := time.Now()
+	err := doInner(ctx)
+	if err != nil && ctx.Err() != nil && fault.Has(context.Cause(ctx), fault.Fenced) {
+		err = fault.Wrap(fault.Fenced, err, "cancelled: %v", context.Cause(ctx))
+	}
+	out := m.rt.outcome(job, err)
+	m.rt.metrics.jobDone(job.Kind, job.Queue, outcomeName(out, err), time.Since(start))
+	return out
+}
+
+// outcome maps a worker's error to what River should do with the job.
+func (rt *Runtime) outcome(job *rivertype.JobRow, err error) error {
+	if err == nil {
+		return nil
+	}
+	var (
+		syntaxErr *json.SyntaxError
+		typeErr   *json.UnmarshalTypeError
+		argsErr   *jobs.ArgsError
+		cancelErr *rivertype.JobCancelError
+		snoozeErr *rivertype.JobSnoozeError
+	)
+	switch {
+	case errors.As(err, &cancelErr), errors.As(err, &snoozeErr):
+		return err // the worker decided
+	case errors.As(err, &syntaxErr), errors.As(err, &typeErr), errors.As(err, &argsErr):
+		rt.log.Error().Err(err).Int64("job_id", job.ID).Str("kind", job.Kind).Msg("job args do not decode: cancelled")
+		return river.JobCancel(fault.Wrap(fault.InvalidArgument, rt.redactErr(err), "job args do not decode"))
+	case fault.Has(err, fault.InvalidArgument):
+		rt.log.Error().Err(err).Int64("job_id", job.ID).Str("kind", job.Kind).Msg("job cannot be worked: cancelled")
+		return river.JobCancel(rt.redactErr(err))
+	case fault.Has(err, fault.Fenced):
+		rt.log.Warn().Err(err).Int64("job_id", job.ID).Str("queue", job.Queue).Msg("job fenced: given back")
+		return river.JobSnooze(FencedSnooze)
+	}
+	return rt.redactErr(err)
+}
+
+// redactErr returns err with every configured secret removed from its message.
+// The result keeps err's code for logging but not its chain (the chain would
+// carry the secret).
+func (rt *Runtime) redactErr(err error) error {
+	msg := err.Error()
+	clean := msg
+	for _, s := range rt.o.Secrets {
+		if s != "" {
+			clean = strings.ReplaceAll(clean, s, "xxxxx")
+		}
+	}
+	if clean == msg {
+		return err
+	}
+	return &fault.Error{Code: fault.CodeOf(err), Message: strings.TrimPrefix(clean, string(fault.CodeOf(err))+": ")}
+}
+
+func outcomeName(out, err error) string {
+	var (
+		cancelErr *rivertype.JobCancelError
+		snoozeErr *rivertype.JobSnoozeError
+	)
+	switch {
+	case out == nil:
+		return "completed"
+	case fault.Has(err, fault.Fenced):
+		return "fenced"
+	case errors.As(out, &cancelErr):
+		return "cancelled"
+	case errors.As(out, &snoozeErr):
+		return "snoozed"
+	default:
+		return "failed"
+	}
+}
+
+// errorHandler logs panics (River records them and retries the job).
+type errorHandler struct{ rt *Runtime }
+
+func (h *errorHandler) HandleError(ctx context.Context, job *rivertype.JobRow, err error) *river.ErrorHandlerResult {
+	if !fault.Has(err, fault.Fenced) {
+		h.rt.log.Warn().Err(err).Int64("job_id", job.ID).Str("kind", job.Kind).Int("attempt", job.Attempt).Msg("job failed; River retries it with backoff")
+	}
+	return nil
+}
+
+func (h *errorHandler) HandlePanic(ctx context.Context, job *rivertype.JobRow, panicVal any, trace string) *river.ErrorHandlerResult {
+	h.rt.log.Error().Str("panic", fmt.Sprint(panicVal)).Int64("job_id", job.ID).Str("kind", job.Kind).Int("attempt", job.Attempt).Msg("job panicked: this attempt failed, River retries it")
+	h.rt.metrics.jobDone(job.Kind, job.Queue, "panicked", 0)
+	return nil
+}

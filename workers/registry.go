@@ -1,0 +1,103 @@
+package workers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
+)
+
+// Reconciler reconciles keys of one kind: see jobs.Dirty for how keys are marked.
+type Reconciler struct {
+	// Kind names the reconciler: [a-z][a-z0-9_]{0,62}.
+	Kind string
+	// Reconcile brings key to its desired state inside tx, the fenced job
+	// transaction: read, write what follows, and return. It may ask to run again
+	// after a delay. An error rolls everything back and is retried with backoff.
+	Reconcile func(ctx context.Context, tx pgx.Tx, key string) (Result, error)
+	// List, optional, returns up to limit keys the reconciler owns that sort after
+	// after (ascending). Every resync interval, every listed key is marked dirty.
+	List func(ctx context.Context, db pg.DBTX, after string, limit int) ([]string, error)
+	// ResyncEvery overrides the configured resync interval for this reconciler.
+	ResyncEvery time.Duration
+}
+
+// Result is what a reconcile asks for next.
+type Result struct {
+	// RequeueAfter > 0 runs the key again after this delay.
+	RequeueAfter time.Duration
+}
+
+// Registry collects what modules contribute to a worker process. It is filled
+// before the Runtime starts and read-only after.
+type Registry struct {
+	workers     *river.Workers
+	periodic    []*river.PeriodicJob
+	reconcilers map[string]*Reconciler
+	order       []string
+	onStart     []func(ctx context.Context, rt *Runtime) error
+	kinds       map[string]bool
+}
+
+// NewRegistry returns an empty registry with the built-in workers.
+func NewRegistry() *Registry {
+	r := &Registry{workers: river.NewWorkers(), reconcilers: map[string]*Reconciler{}, kinds: map[string]bool{}}
+	AddWorker(r, &reconcileWorker{reg: r})
+	AddWorker(r, &resyncWorker{reg: r})
+	return r
+}
+
+// AddWorker registers a River worker for its args kind. It panics on a kind
+// registered twice: that is a programming error found at start-up.
+func AddWorker[T river.JobArgs](r *Registry, w river.Worker[T]) {
+	var args T
+	if r.kinds[args.Kind()] {
+		panic(fmt.Sprintf("workers: a worker for job kind %q is registered twice", args.Kind()))
+	}
+	r.kinds[args.Kind()] = true
+	river.AddWorker(r.workers, w)
+}
+
+// Periodic registers a periodic job; River's elected leader enqueues it.
+func (r *Registry) Periodic(job *river.PeriodicJob) { r.periodic = append(r.periodic, job) }
+
+// OnStart registers a function run when a worker Runtime has started (for
+// example, a module's own lease keeper). It runs once per start.
+func (r *Registry) OnStart(f func(ctx context.Context, rt *Runtime) error) {
+	r.onStart = append(r.onStart, f)
+}
+
+// Reconciler registers a reconciler. It returns INVALID_CONFIG for a bad or
+// duplicate kind or a missing Reconcile.
+func (r *Registry) Reconciler(rec Reconciler) error {
+	if err := jobs.ValidateKind(rec.Kind); err != nil {
+		return fault.Wrap(fault.InvalidConfig, err, "bad reconciler")
+	}
+	if rec.Reconcile == nil {
+		return fault.New(fault.InvalidConfig, "reconciler %s has no Reconcile function", rec.Kind)
+	}
+	if _, dup := r.reconcilers[rec.Kind]; dup {
+		return fault.New(fault.InvalidConfig, "reconciler %s is registered twice", rec.Kind)
+	}
+	if rec.ResyncEvery < 0 {
+		return fault.New(fault.InvalidConfig, "reconciler %s: ResyncEvery %s is negative", rec.Kind, rec.ResyncEvery)
+	}
+	r.reconcilers[rec.Kind] = &rec
+	r.order = append(r.order, rec.Kind)
+	return nil
+}
+
+// Reconcilers returns the registered reconciler kinds in registration order.
+func (r *Registry) Reconcilers() []string { return append([]string(nil), r.order...) }
+
+// Dirty is jobs.Dirty: it marks key of reconciler kind dirty in the caller's
+// transaction.
+func Dirty(ctx context.Context, tx pgx.Tx, kind, key string, opts *jobs.DirtyOpts) error {
+	return jobs.Dirty(ctx, tx, kind, key, opts)
+}

@@ -1,0 +1,439 @@
+package workers
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
+	"github.com/rs/zerolog"
+
+	"github.com/bettercompute/bettercompute/domain/lease"
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/clock"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/logging"
+	"github.com/bettercompute/bettercompute/platform/migrate"
+	"github.com/bettercompute/bettercompute/platform/pg"
+)
+
+// Options configure a Runtime.
+type Options struct {
+	Pool     *pg.Pool
+	Log      zerolog.Logger
+	Registry *Registry // nil: only the built-in workers
+	// Owner is this process's unique lease owner id; default host-pid-random.
+	Owner string
+	// Shards to serve. Empty: the process works only the maintenance queue.
+	Shards []int
+	// Work false makes an insert-only client (serve uses one for River UI).
+	Work bool
+
+	LeaseTTL        time.Duration // default 15 s
+	LeaseRenew      time.Duration // default 5 s
+	StopGrace       time.Duration // default 10 s
+	PollInterval    time.Duration // default 100 ms
+	ResyncEvery     time.Duration // default 10 min
+	WorkersPerShard int           // default 8
+	// JobTimeout bounds one job's Work; default one minute (River's).
+	JobTimeout time.Duration
+	// Secrets are removed from every error stored in a job row.
+	Secrets []string
+	// Metrics, nil for none.
+	Metrics *Metrics
+}
+
+// Runtime is a running worker process: a River client, its shard leases and
+// their queues.
+type Runtime struct {
+	o          Options
+	pool       *pg.Pool
+	log        zerolog.Logger
+	client     *river.Client[pgx.Tx]
+	keeper     *lease.Keeper
+	anchor     *clock.Anchor
+	shardCount int
+	metrics    *Metrics
+
+	runCtx    context.Context // lives until Stop completes
+	runCancel context.CancelFunc
+	keeperWG  sync.WaitGroup
+
+	mu      sync.Mutex
+	inFlight map[string]map[int64]context.CancelCauseFunc // queue -> job id -> cancel
+	queueOps chan queueOp
+	opsDone  chan struct{}
+	active   map[string]bool // queues added to River
+	stopping bool
+}
+
+type queueOp struct {
+	queue string
+	add   bool
+}
+
+// ShardLease is the lease name of shard n.
+func ShardLease(n int) string { return "shard/" + strconv.Itoa(n) }
+
+func shardOfQueue(queue string) (int, bool) {
+	s, ok := strings.CutPrefix(queue, "shard_")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(s)
+	return n, err == nil
+}
+
+// DefaultOwner is a unique owner id for this process: host-pid-random.
+func DefaultOwner() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+}
+
+// Start starts a Runtime. It returns INVALID_CONFIG for a shard outside the
+// stored shard count, NOT_FOUND before the first migrate.
+func Start(ctx context.Context, o Options) (*Runtime, error) {
+	if o.Pool == nil {
+		return nil, fault.New(fault.InvalidConfig, "workers: no pool")
+	}
+	if o.Registry == nil {
+		o.Registry = NewRegistry()
+	}
+	if o.Owner == "" {
+		o.Owner = DefaultOwner()
+	}
+	o.LeaseTTL = cmpOr(o.LeaseTTL, 15*time.Second)
+	o.LeaseRenew = cmpOr(o.LeaseRenew, 5*time.Second)
+	o.StopGrace = cmpOr(o.StopGrace, 10*time.Second)
+	o.PollInterval = cmpOr(o.PollInterval, 100*time.Millisecond)
+	o.ResyncEvery = cmpOr(o.ResyncEvery, 10*time.Minute)
+	if o.WorkersPerShard <= 0 {
+		o.WorkersPerShard = 8
+	}
+	count, err := migrate.ShardCount(ctx, o.Pool)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range o.Shards {
+		if s < 0 || s >= count {
+			return nil, fault.New(fault.InvalidConfig, "shard %d is out of range: this deployment has %d shards (0-%d)", s, count, count-1)
+		}
+	}
+	rt := &Runtime{
+		o: o, pool: o.Pool, log: o.Log, shardCount: count, anchor: &clock.Anchor{},
+		metrics:  o.Metrics,
+		inFlight: map[string]map[int64]context.CancelCauseFunc{},
+		active:   map[string]bool{},
+		queueOps: make(chan queueOp, 4*len(o.Shards)+16),
+		opsDone:  make(chan struct{}),
+	}
+	if rt.metrics == nil {
+		rt.metrics = &Metrics{}
+	}
+	if err := rt.anchor.Sample(ctx, o.Pool); err != nil && !fault.Has(err, fault.ClockSkew) {
+		return nil, err
+	} else if err != nil {
+		rt.log.Error().Err(err).Msg("clock skew at start")
+	}
+
+	cfg := &river.Config{
+		ID:                o.Owner,
+		Logger:            logging.Slog(o.Log.With().Str("component", "river").Logger()),
+		PollOnly:          true, // no LISTEN/NOTIFY: PgBouncer in transaction mode
+		FetchPollInterval: o.PollInterval,
+		FetchCooldown:     min(o.PollInterval, 100*time.Millisecond),
+		JobTimeout:        o.JobTimeout,
+		Workers:           o.Registry.workers,
+		Middleware:        []rivertype.Middleware{&jobMiddleware{rt: rt}},
+		ErrorHandler:      &errorHandler{rt: rt},
+	}
+	if o.Work {
+		cfg.Queues = map[string]river.QueueConfig{jobs.MaintenanceQueue: {MaxWorkers: 4}}
+		cfg.PeriodicJobs = append(rt.resyncJobs(), o.Registry.periodic...)
+	}
+	client, err := river.NewClient(riverpgxv5.New(o.Pool.Pool), cfg)
+	if err != nil {
+		return nil, fault.Wrap(fault.InvalidConfig, err, "cannot configure River")
+	}
+	rt.client = client
+	rt.runCtx, rt.runCancel = context.WithCancel(context.WithoutCancel(ctx))
+	if !o.Work {
+		return rt, nil
+	}
+
+	if err := client.Start(rt.runCtx); err != nil {
+		rt.runCancel()
+		return nil, fault.Wrap(fault.Unavailable, err, "cannot start River")
+	}
+	go rt.queueLoop()
+
+	rt.keeper = lease.NewKeeper(lease.KeeperOptions{
+		DB: o.Pool, Owner: o.Owner, TTL: o.LeaseTTL, Renew: o.LeaseRenew, Anchor: rt.anchor,
+		Log:        o.Log.With().Str("component", "lease").Logger(),
+		Taken:      rt.handBack,
+		OnAcquired: func(l lease.Lease) { rt.leaseChanged(l, true) },
+		OnLost:     func(l lease.Lease) { rt.leaseChanged(l, false) },
+	})
+	names := make([]string, len(o.Shards))
+	for i, s := range o.Shards {
+		names[i] = ShardLease(s)
+	}
+	rt.keeper.Want(names...)
+	rt.keeperWG.Add(1)
+	go func() { defer rt.keeperWG.Done(); rt.keeper.Run(rt.runCtx) }()
+
+	for _, f := range o.Registry.onStart {
+		if err := f(rt.runCtx, rt); err != nil {
+			_ = rt.Stop(context.Background())
+			return nil, err
+		}
+	}
+	rt.log.Info().Str("owner", o.Owner).Ints("shards", o.Shards).Int("shard_count", count).Msg("worker started")
+	return rt, nil
+}
+
+func cmpOr(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+// Client is the River client (for inserting jobs and for River UI).
+func (rt *Runtime) Client() *river.Client[pgx.Tx] { return rt.client }
+
+// Pool is the runtime's pool.
+func (rt *Runtime) Pool() *pg.Pool { return rt.pool }
+
+// Owner is this process's lease owner id.
+func (rt *Runtime) Owner() string { return rt.o.Owner }
+
+// ShardCount is the deployment's shard count.
+func (rt *Runtime) ShardCount() int { return rt.shardCount }
+
+// Anchor is the process's clock anchor, re-sampled at every lease renewal.
+func (rt *Runtime) Anchor() *clock.Anchor { return rt.anchor }
+
+// Log is the runtime's logger.
+func (rt *Runtime) Log() zerolog.Logger { return rt.log }
+
+// Options are the runtime's options (defaults applied).
+func (rt *Runtime) Options() Options { return rt.o }
+
+// Context lives until the runtime has stopped: background work started by a
+// module's OnStart uses it.
+func (rt *Runtime) Context() context.Context { return rt.runCtx }
+
+// HeldShards returns the shards whose lease this process holds now.
+func (rt *Runtime) HeldShards() []int {
+	if rt.keeper == nil {
+		return nil
+	}
+	var out []int
+	for _, l := range rt.keeper.HeldAll() {
+		if n, ok := strings.CutPrefix(l.Name, "shard/"); ok {
+			if i, err := strconv.Atoi(n); err == nil {
+				out = append(out, i)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// leaseForQueue is the lease that fences jobs of queue.
+func (rt *Runtime) leaseForQueue(queue string) (lease.Lease, bool) {
+	n, ok := shardOfQueue(queue)
+	if !ok || rt.keeper == nil {
+		return lease.Lease{}, false
+	}
+	return rt.keeper.Held(ShardLease(n))
+}
+
+// handBack runs in the transaction that acquires a shard lease: the previous
+// holder's running jobs of the shard go back to the queue at once (their
+// attempts are fenced by now), instead of waiting an hour for River's rescuer.
+func (rt *Runtime) handBack(ctx context.Context, tx pgx.Tx, l lease.Lease) error {
+	n, ok := strings.CutPrefix(l.Name, "shard/")
+	if !ok {
+		return nil
+	}
+	shard, _ := strconv.Atoi(n)
+	tag, err := tx.Exec(ctx, `
+UPDATE river_job SET state = 'available',
+       errors = array_append(errors, jsonb_build_object(
+           'at', $2::timestamptz, 'attempt', attempt,
+           'error', 'handed back at the takeover of shard ' || $3 || ' by ' || $4 || ' (epoch ' || $5 || ')',
+           'trace', ''))
+WHERE queue = $1 AND state = 'running'`, jobs.ShardQueue(shard), time.Now(), strconv.Itoa(shard), rt.o.Owner, strconv.FormatInt(l.Epoch, 10))
+	if err != nil {
+		return fmt.Errorf("error handing back the running jobs of shard %d: %w", shard, err)
+	}
+	if tag.RowsAffected() > 0 {
+		rt.log.Info().Int("shard", shard).Int64("jobs", tag.RowsAffected()).Msg("handed back the previous holder's running jobs")
+		rt.metrics.handedBack(tag.RowsAffected())
+	}
+	return nil
+}
+
+// leaseChanged reacts to an acquired or lost shard lease.
+func (rt *Runtime) leaseChanged(l lease.Lease, acquired bool) {
+	n, ok := strings.CutPrefix(l.Name, "shard/")
+	if !ok {
+		return
+	}
+	shard, _ := strconv.Atoi(n)
+	queue := jobs.ShardQueue(shard)
+	rt.metrics.leases(len(rt.keeper.HeldAll()))
+	if !acquired {
+		// Stop the shard's work now; its fenced transactions fail anyway.
+		rt.cancelQueue(queue, fault.New(fault.Fenced, "lease %s lost", l.Name))
+	}
+	rt.mu.Lock()
+	stopping := rt.stopping
+	rt.mu.Unlock()
+	if stopping {
+		return
+	}
+	select {
+	case rt.queueOps <- queueOp{queue: queue, add: acquired}:
+	case <-rt.runCtx.Done():
+	}
+}
+
+// queueLoop adds and removes River queues one at a time, in order.
+func (rt *Runtime) queueLoop() {
+	defer close(rt.opsDone)
+	for {
+		select {
+		case <-rt.runCtx.Done():
+			return
+		case op, ok := <-rt.queueOps:
+			if !ok {
+				return
+			}
+			rt.applyQueueOp(op)
+		}
+	}
+}
+
+func (rt *Runtime) applyQueueOp(op queueOp) {
+	rt.mu.Lock()
+	active := rt.active[op.queue]
+	rt.mu.Unlock()
+	switch {
+	case op.add && !active:
+		if err := rt.client.Queues().Add(op.queue, river.QueueConfig{MaxWorkers: rt.o.WorkersPerShard}); err != nil {
+			rt.log.Error().Err(err).Str("queue", op.queue).Msg("cannot add queue")
+			return
+		}
+		rt.mu.Lock()
+		rt.active[op.queue] = true
+		rt.mu.Unlock()
+		rt.log.Info().Str("queue", op.queue).Msg("working queue")
+	case !op.add && active:
+		ctx, cancel := context.WithTimeout(rt.runCtx, rt.o.StopGrace+time.Second)
+		err := rt.client.Queues().Remove(ctx, op.queue)
+		cancel()
+		if err != nil {
+			rt.log.Error().Err(err).Str("queue", op.queue).Msg("cannot remove queue")
+			return
+		}
+		rt.mu.Lock()
+		delete(rt.active, op.queue)
+		rt.mu.Unlock()
+		rt.log.Info().Str("queue", op.queue).Msg("stopped working queue")
+	}
+}
+
+// track registers a job's cancel function under its queue.
+func (rt *Runtime) track(queue string, id int64, cancel context.CancelCauseFunc) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	m := rt.inFlight[queue]
+	if m == nil {
+		m = map[int64]context.CancelCauseFunc{}
+		rt.inFlight[queue] = m
+	}
+	m[id] = cancel
+}
+
+func (rt *Runtime) untrack(queue string, id int64) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	delete(rt.inFlight[queue], id)
+}
+
+func (rt *Runtime) cancelQueue(queue string, cause error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for _, cancel := range rt.inFlight[queue] {
+		cancel(cause)
+	}
+}
+
+// Stop stops gracefully: no new jobs are fetched; in-flight jobs may finish
+// within the stop grace, then are cancelled and handed back; the leases are
+// released so other processes take the shards at once. ctx bounds the whole stop.
+func (rt *Runtime) Stop(ctx context.Context) error {
+	rt.mu.Lock()
+	if rt.stopping {
+		rt.mu.Unlock()
+		return nil
+	}
+	rt.stopping = true
+	rt.mu.Unlock()
+	defer rt.runCancel()
+	if !rt.o.Work {
+		return nil
+	}
+	rt.log.Info().Dur("grace", rt.o.StopGrace).Msg("worker stopping: finishing in-flight jobs")
+	graceCtx, cancel := context.WithTimeout(ctx, rt.o.StopGrace)
+	err := rt.client.Stop(graceCtx)
+	cancel()
+	if err != nil {
+		rt.log.Warn().Msg("grace period over: cancelling in-flight jobs")
+		hardCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		_ = rt.client.StopAndCancel(hardCtx)
+		cancel()
+	}
+	// Whatever is still running under this process goes back to its queue.
+	held := rt.keeper.HeldAll()
+	if len(held) > 0 {
+		queues := make([]string, 0, len(held))
+		for _, l := range held {
+			if n, ok := strings.CutPrefix(l.Name, "shard/"); ok {
+				queues = append(queues, "shard_"+n)
+			}
+		}
+		relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_, herr := rt.pool.Exec(relCtx, `UPDATE river_job SET state = 'available'
+WHERE queue = ANY($1) AND state = 'running' AND attempted_by[array_length(attempted_by, 1)] = $2`, queues, rt.o.Owner)
+		if herr != nil {
+			rt.log.Warn().Err(herr).Msg("could not hand back in-flight jobs; the next shard holder will")
+		}
+		cancel()
+	}
+	rt.runCancel() // stops the keeper loop
+	rt.keeperWG.Wait()
+	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := rt.keeper.Release(relCtx); err != nil {
+		rt.log.Warn().Err(err).Msg("could not release leases; they expire within one TTL")
+	}
+	rt.metrics.leases(0)
+	rt.log.Info().Msg("worker stopped")
+	return nil
+}
