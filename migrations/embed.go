@@ -14,5 +14,6 @@ import "embed"
 var FS embed.FS
 
 // Owners lists the built-in owners in the order their migrations run. River's
-// own schema (owner river) runs after core; platform/migrate inserts it.
-var Owners = []string{"core"}
+// own schema (owner river) runs after core; platform/migrate inserts it. The demo
+// owner is not here: only dev registers it.
+var Owners = []string{"core", "outbox", "backfill", "capacity", "quorum"}

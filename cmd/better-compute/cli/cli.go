@@ -86,8 +86,15 @@ type command struct {
 	run   func(ctx context.Context, s *Session, args []string) error
 }
 
+// commandSet holds every command's constructor; each command's file adds its own
+// in an init function.
+var commandSet []func() *command
+
 func (a *App) commands() []*command {
-	cmds := []*command{migrateCommand(), doctorCommand(), devCommand(), workerCommand()}
+	cmds := make([]*command, 0, len(commandSet))
+	for _, f := range commandSet {
+		cmds = append(cmds, f())
+	}
 	sort.Slice(cmds, func(i, j int) bool { return cmds[i].name < cmds[j].name })
 	return cmds
 }
@@ -210,14 +217,14 @@ type Session struct {
 	Dev       bool // --dev: an embedded: URL is allowed
 	NoMigrate bool // --no-migrate
 
-	cluster  *embedded.Cluster
-	pool     *pg.Pool
+	cluster *embedded.Cluster
+	pool    *pg.Pool
 	// extraModules are added by dev (its demo), after the application's.
 	extraModules []Module
 	// workerMetrics holds the worker's Prometheus metrics once StartWorker ran.
 	workerMetrics *prometheus.Registry
-	closers  []func()
-	logReady bool
+	closers       []func()
+	logReady      bool
 }
 
 func (s *Session) close() {

@@ -15,6 +15,16 @@ import (
 	"github.com/bettercompute/bettercompute/workers"
 )
 
+func init() {
+	demos = append(demos, Demo{
+		Name:   "counters",
+		Module: demoModule,
+		Run: func(ctx context.Context, s *Session, rt *workers.Runtime) {
+			runDemo(ctx, s, rt.Pool(), 500*time.Millisecond)
+		},
+	})
+}
+
 // DemoReconciler is the dev demo's reconciler kind.
 const DemoReconciler = "demo_counter"
 

@@ -3,13 +3,27 @@ package cli
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers"
 )
+
+// Demo is one part of dev's demo workload: an optional module (its tables and
+// workers, registered by dev only) and an optional loop that plays the
+// application, run until dev stops. Each demo's file adds itself to demos in an
+// init function.
+type Demo struct {
+	Name   string
+	Module func() Module
+	Run    func(ctx context.Context, s *Session, rt *workers.Runtime)
+}
+
+var demos []Demo
 
 // DevDatabase is dev's database when BETTER_COMPUTE_DATABASE_URL is not set.
 const DevDatabase = "embedded:.better-compute/pg"
+
+func init() { commandSet = append(commandSet, devCommand) }
 
 func devCommand() *command {
 	return &command{
@@ -23,7 +37,11 @@ func devCommand() *command {
 			if s.Config.DatabaseURL == "" {
 				s.Config.DatabaseURL = DevDatabase
 			}
-			s.extraModules = append(s.extraModules, demoModule())
+			for _, d := range demos {
+				if d.Module != nil {
+					s.extraModules = append(s.extraModules, d.Module())
+				}
+			}
 			db, err := s.Pool(ctx)
 			if err != nil {
 				return err
@@ -33,7 +51,11 @@ func devCommand() *command {
 				return err
 			}
 			defer func() { _ = rt.Stop(context.Background()) }()
-			go runDemo(ctx, s, db, 500*time.Millisecond)
+			for _, d := range demos {
+				if d.Run != nil {
+					go d.Run(ctx, s, rt)
+				}
+			}
 			url := db.Config().ConnString()
 			if s.cluster != nil {
 				url = s.cluster.URL()

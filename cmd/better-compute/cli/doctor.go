@@ -20,6 +20,8 @@ type Check struct {
 	Detail string
 }
 
+func init() { commandSet = append(commandSet, doctorCommand) }
+
 func doctorCommand() *command {
 	return &command{
 		name:    "doctor",

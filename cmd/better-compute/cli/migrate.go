@@ -5,6 +5,8 @@ import (
 	"fmt"
 )
 
+func init() { commandSet = append(commandSet, migrateCommand) }
+
 func migrateCommand() *command {
 	return &command{
 		name:    "migrate",

@@ -5,10 +5,20 @@ import (
 	"github.com/bettercompute/bettercompute/workers"
 )
 
+// builtinSet holds the constructors of Better Compute's own modules; each
+// module's file adds its own in an init function. Their migrations are in the
+// built-in set (migrations/, in migrations.Owners order), so a built-in Module
+// leaves Migrations nil.
+var builtinSet []func() Module
+
 // builtinModules are Better Compute's own modules, registered before the
-// application's. Their migrations are in the built-in set (migrations/).
+// application's.
 func builtinModules() []Module {
-	return nil
+	out := make([]Module, 0, len(builtinSet))
+	for _, f := range builtinSet {
+		out = append(out, f())
+	}
+	return out
 }
 
 // Registry builds the worker registry from the built-in modules and the

@@ -20,6 +20,8 @@ import (
 	"github.com/bettercompute/bettercompute/workers"
 )
 
+func init() { commandSet = append(commandSet, workerCommand) }
+
 func workerCommand() *command {
 	return &command{
 		name:    "worker",
