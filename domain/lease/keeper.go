@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -35,16 +36,19 @@ type KeeperOptions struct {
 	OnLost func(l Lease)
 }
 
+// StandbyPoll is how often a keeper that wants a lease held by another looks for
+// it to be released (it also retries at the holder's expiry).
+const StandbyPoll = time.Second
+
 // Keeper keeps a process's leases: see the package doc.
 type Keeper struct {
 	o KeeperOptions
 
-	mu     sync.Mutex
-	want   map[string]bool
-	held   map[string]Lease
-	retry  map[string]time.Time // a name held by another: try again at its expiry
-	wake   chan struct{}
-	closed bool
+	mu    sync.Mutex
+	want  map[string]bool
+	held  map[string]Lease
+	retry map[string]time.Time // a name held by another: try again at its expiry
+	wake  chan struct{}
 }
 
 // NewKeeper returns a keeper; call Run to start it.
@@ -129,6 +133,11 @@ func (k *Keeper) nextWait() time.Duration {
 	defer k.mu.Unlock()
 	wait := k.o.Renew
 	now := k.o.Anchor.Now()
+	if len(k.held) < len(k.want) {
+		// A standby looks for released leases every second (a cheap, lock-free
+		// check), so a graceful stop hands over at once, not at the next renewal.
+		wait = min(wait, StandbyPoll)
+	}
 	for _, at := range k.retry {
 		if d := at.Sub(now) + 5*time.Millisecond; d < wait {
 			wait = d
@@ -152,46 +161,83 @@ func (k *Keeper) Tick(ctx context.Context) { k.tick(ctx) }
 
 func (k *Keeper) tick(ctx context.Context) {
 	k.mu.Lock()
-	var names []string
+	var toTake []string
+	held := make([]Lease, 0, len(k.held))
 	for n := range k.want {
-		names = append(names, n)
-	}
-	before := make(map[string]Lease, len(k.held))
-	for n, l := range k.held {
-		before[n] = l
+		if l, ok := k.held[n]; ok {
+			held = append(held, l)
+		} else {
+			toTake = append(toTake, n)
+		}
 	}
 	k.mu.Unlock()
-	if len(names) == 0 {
-		return
-	}
-	slices.Sort(names)
+	slices.Sort(toTake)
 
-	var got []Lease
-	err := pg.InTx(ctx, k.o.DB, nil, func(tx pgx.Tx) error {
-		var err error
-		got, err = AcquireMany(ctx, tx, names, k.o.Owner, k.o.TTL)
+	// Renew what is held: a plain update of expires_at, which never waits for
+	// this process's own fenced transactions.
+	var renewed, lost []Lease
+	if len(held) > 0 {
+		got, err := Renew(ctx, k.o.DB, k.o.TTL, held...)
 		if err != nil {
-			return err
+			if ctx.Err() == nil {
+				k.o.Log.Warn().Err(err).Msg("lease renewal failed")
+			}
+			k.expireLocally()
+			return
 		}
-		if k.o.Taken == nil {
-			return nil
-		}
+		renewed = got
+		still := map[string]bool{}
 		for _, l := range got {
-			if prev, ok := before[l.Name]; l.Owner == k.o.Owner && (!ok || prev.Epoch != l.Epoch) {
-				if err := k.o.Taken(ctx, tx, l); err != nil {
-					return err
+			still[l.Name] = true
+		}
+		for _, l := range held {
+			if !still[l.Name] {
+				lost = append(lost, l)
+			}
+		}
+	}
+
+	// Take the rest: the guarded upsert, waiting (at most one renewal interval)
+	// for the previous holder's fenced transactions; the running jobs it left
+	// are handed back in the same transaction (Taken).
+	var taken []Lease
+	var others []Lease
+	if len(toTake) > 0 {
+		err := pg.InTx(ctx, k.o.DB, nil, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", max(k.o.Renew.Milliseconds(), 1))); err != nil {
+				return err
+			}
+			got, err := AcquireMany(ctx, tx, toTake, k.o.Owner, k.o.TTL)
+			if err != nil {
+				return err
+			}
+			taken, others = taken[:0], others[:0]
+			for _, l := range got {
+				if l.Owner != k.o.Owner {
+					others = append(others, l)
+					continue
+				}
+				if k.o.Taken != nil {
+					if err := k.o.Taken(ctx, tx, l); err != nil {
+						return err
+					}
+				}
+				taken = append(taken, l)
+			}
+			return nil
+		})
+		if err != nil {
+			taken, others = nil, nil
+			if ctx.Err() == nil {
+				if pg.SQLState(err) == "55P03" {
+					k.o.Log.Info().Strs("leases", toTake).Msg("takeover waits for the previous holder's transactions; retrying")
+				} else {
+					k.o.Log.Warn().Err(err).Msg("lease acquisition failed")
 				}
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		if ctx.Err() == nil {
-			k.o.Log.Warn().Err(err).Msg("lease renewal failed")
-		}
-		k.expireLocally()
-		return
 	}
+
 	if err := k.o.Anchor.Sample(ctx, k.o.DB); err != nil && ctx.Err() == nil {
 		if fault.Has(err, fault.ClockSkew) {
 			k.o.Log.Error().Err(err).Msg("clock skew: fencing still holds (it uses the database clock), but fix this host's clock")
@@ -200,28 +246,29 @@ func (k *Keeper) tick(ctx context.Context) {
 		}
 	}
 
-	var acquired, lost []Lease
+	var acquired []Lease
 	k.mu.Lock()
-	for _, l := range got {
-		prev, had := k.held[l.Name]
-		switch {
-		case l.Owner == k.o.Owner && k.want[l.Name]:
+	for _, l := range lost {
+		delete(k.held, l.Name)
+	}
+	for _, l := range renewed {
+		if k.want[l.Name] {
+			k.held[l.Name] = l
+		}
+	}
+	for _, l := range taken {
+		if k.want[l.Name] {
 			k.held[l.Name] = l
 			delete(k.retry, l.Name)
-			if !had || prev.Epoch != l.Epoch {
-				acquired = append(acquired, l)
-			}
-		default:
-			if had {
-				delete(k.held, l.Name)
-				lost = append(lost, prev)
-			}
-			k.retry[l.Name] = l.ExpiresAt
+			acquired = append(acquired, l)
 		}
+	}
+	for _, l := range others {
+		k.retry[l.Name] = l.ExpiresAt
 	}
 	k.mu.Unlock()
 	for _, l := range lost {
-		k.o.Log.Warn().Str("lease", l.Name).Int64("epoch", l.Epoch).Msg("lease lost to another owner")
+		k.o.Log.Warn().Str("lease", l.Name).Int64("epoch", l.Epoch).Msg("lease lost: another owner took it")
 		if k.o.OnLost != nil {
 			k.o.OnLost(l)
 		}

@@ -1,0 +1,225 @@
+package workers_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/domain/lease"
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/workertest"
+)
+
+// staleArgs is worked by staleWorker. Both attempts park so the test can run
+// them in the order River's measured bug needs: attempt 1 resumes and commits
+// while attempt 2 is running. Fenced picks workers.InTx over a plain transaction.
+type staleArgs struct {
+	Fenced bool `json:"fenced"`
+}
+
+func (staleArgs) Kind() string { return "test_stale" }
+
+type attemptCtl struct {
+	started chan struct{}
+	release chan struct{}
+	result  chan error
+}
+
+type staleWorker struct {
+	river.WorkerDefaults[staleArgs]
+	attempts [3]attemptCtl // by attempt number (1 and 2)
+}
+
+func newStaleWorker() *staleWorker {
+	w := &staleWorker{}
+	for i := range w.attempts {
+		w.attempts[i] = attemptCtl{started: make(chan struct{}), release: make(chan struct{}), result: make(chan error, 1)}
+	}
+	return w
+}
+
+func (w *staleWorker) Work(ctx context.Context, job *river.Job[staleArgs]) error {
+	ctl := w.attempts[min(job.Attempt, 2)]
+	close(ctl.started)
+	<-ctl.release // paused, as a GC pause or SIGSTOP would
+	write := func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO stale_writes (attempt, fenced) VALUES ($1, $2)`, job.Attempt, job.Args.Fenced)
+		return err
+	}
+	var err error
+	if job.Args.Fenced {
+		err = workers.InTx(ctx, job, write)
+	} else {
+		// River alone: write and complete in a plain transaction.
+		rt := workers.RuntimeFrom(ctx)
+		err = pg.InTx(ctx, rt.Pool(), nil, func(tx pgx.Tx) error {
+			if err := write(ctx, tx); err != nil {
+				return err
+			}
+			_, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job)
+			return err
+		})
+	}
+	ctl.result <- err
+	return err
+}
+
+// runStale runs one job through the stale-attempt choreography and returns the
+// errors of attempts 1 and 2: attempt 1 starts and parks; the job is rescued (made
+// available, as River's rescuer or a shard takeover does); attempt 2 starts and
+// parks; attempt 1 resumes and tries to commit while attempt 2 runs; then attempt 2
+// resumes.
+func runStale(t *testing.T, db *pgtest.DB, fenced bool) (err1, err2 error) {
+	t.Helper()
+	ctx := context.Background()
+	w := newStaleWorker()
+	reg := workers.NewRegistry()
+	workers.AddWorker(reg, w)
+	workertest.Start(t, db.Pool, reg, nil)
+
+	var jobID int64
+	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		res, err := jobs.InsertTx(ctx, tx, staleArgs{Fenced: fenced}, &river.InsertOpts{Queue: jobs.ShardQueue(3)})
+		if err == nil {
+			jobID = res.Job.ID
+		}
+		return err
+	}))
+	<-w.attempts[1].started
+	db.MustExec(t, `UPDATE river_job SET state = 'available' WHERE id = $1`, jobID) // the rescue
+	<-w.attempts[2].started
+	close(w.attempts[1].release)
+	err1 = <-w.attempts[1].result
+	close(w.attempts[2].release)
+	err2 = <-w.attempts[2].result
+	return err1, err2
+}
+
+// TestStaleAttemptIsFenced reproduces River's measured behaviour — attempt 1,
+// paused past a rescue, commits its writes while attempt 2 runs, and attempt 2
+// then completes nothing — and shows that with our fenced transaction attempt 1
+// gets FENCED and writes nothing, and attempt 2's writes commit.
+func TestStaleAttemptIsFenced(t *testing.T) {
+	t.Parallel()
+	t.Run("river alone lets the stale attempt commit", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t)
+		db.MustExec(t, `CREATE TABLE stale_writes (attempt int NOT NULL, fenced bool NOT NULL)`)
+		err1, _ := runStale(t, db, false)
+		require.NoError(t, err1)
+		require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM stale_writes WHERE attempt = 1`),
+			"the stale attempt committed its write while attempt 2 was running")
+	})
+	t.Run("fenced", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t)
+		db.MustExec(t, `CREATE TABLE stale_writes (attempt int NOT NULL, fenced bool NOT NULL)`)
+		err1, err2 := runStale(t, db, true)
+		require.Truef(t, fault.Has(err1, fault.Fenced), "attempt 1 must get FENCED, got %v", err1)
+		require.NoError(t, err2)
+		require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM stale_writes WHERE attempt = 1`), "the stale attempt wrote nothing")
+		require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM stale_writes WHERE attempt = 2`), "attempt 2's write committed")
+		require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'test_stale' AND state = 'completed'`))
+	})
+}
+
+// TestLostLeaseIsFenced: a transaction fenced by a lease that another owner took
+// writes nothing, and a takeover waits for a fenced transaction in flight.
+func TestLostLeaseIsFenced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(t, `CREATE TABLE fenced_writes (who text NOT NULL)`)
+
+	a, err := lease.Acquire(ctx, db.Pool, "shard/1", "a", 200*time.Millisecond)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, a.Epoch)
+
+	// While a's fenced transaction is open, b's takeover (after expiry) waits.
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, lease.Fence(ctx, tx, a))
+	time.Sleep(250 * time.Millisecond) // a's lease expires
+	took := make(chan lease.Lease, 1)
+	go func() {
+		b, err := lease.Acquire(ctx, db.Pool, "shard/1", "b", 10*time.Second)
+		if err == nil {
+			took <- b
+		}
+		close(took)
+	}()
+	select {
+	case <-took:
+		t.Fatal("the takeover must wait for the fenced transaction in flight")
+	case <-time.After(300 * time.Millisecond):
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO fenced_writes VALUES ('a-before')`)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	b := <-took
+	require.Equal(t, "b", b.Owner)
+	require.EqualValues(t, 2, b.Epoch, "the epoch goes up when the owner changes")
+
+	// After the takeover, a's fence finds nothing: FENCED, and nothing is written.
+	err = pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		if err := lease.Fence(ctx, tx, a); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO fenced_writes VALUES ('a-after')`)
+		return err
+	})
+	require.True(t, fault.Has(err, fault.Fenced), "got %v", err)
+	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM fenced_writes WHERE who = 'a-after'`))
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM fenced_writes WHERE who = 'a-before'`))
+
+	// Renewal by the holder keeps the epoch; release lets anyone take it at once.
+	b2, err := lease.Acquire(ctx, db.Pool, "shard/1", "b", 10*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, b.Epoch, b2.Epoch)
+	_, err = lease.Acquire(ctx, db.Pool, "shard/1", "c", 10*time.Second)
+	require.True(t, fault.Has(err, fault.Conflict), "a held lease is CONFLICT for another owner, got %v", err)
+	require.NoError(t, lease.Release(ctx, db.Pool, b2))
+	c, err := lease.Acquire(ctx, db.Pool, "shard/1", "c", 10*time.Second)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, c.Epoch)
+}
+
+// TestKeeperReportsLossAtOnce: when another owner takes a lease (here after it
+// expired because renewals stopped), the keeper calls OnLost at its next round.
+func TestKeeperReportsLossAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	db := pgtest.New(t)
+	var mu sync.Mutex
+	var lost, acquired []string
+	k := lease.NewKeeper(lease.KeeperOptions{
+		DB: db.Pool, Owner: "k1", TTL: 600 * time.Millisecond, Renew: 100 * time.Millisecond, Log: workertest.Logger(t),
+		OnAcquired: func(l lease.Lease) { mu.Lock(); acquired = append(acquired, l.Name); mu.Unlock() },
+		OnLost:     func(l lease.Lease) { mu.Lock(); lost = append(lost, l.Name); mu.Unlock() },
+	})
+	k.Want("sink/a", "sink/b")
+	go k.Run(ctx)
+	workertest.WaitFor(t, 5*time.Second, "both acquired", func() bool { mu.Lock(); defer mu.Unlock(); return len(acquired) == 2 })
+
+	// Another owner steals sink/a (as if k1 had been paused past its expiry).
+	db.MustExec(t, `UPDATE compute_leases SET owner = 'thief', epoch = epoch + 1 WHERE name = 'sink/a'`)
+	workertest.WaitFor(t, 2*time.Second, "loss reported", func() bool { mu.Lock(); defer mu.Unlock(); return len(lost) == 1 })
+	mu.Lock()
+	require.Equal(t, []string{"sink/a"}, lost)
+	mu.Unlock()
+	_, held := k.Held("sink/a")
+	require.False(t, held)
+	_, held = k.Held("sink/b")
+	require.True(t, held)
+}

@@ -1,0 +1,247 @@
+package workers_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers/workertest"
+)
+
+// These tests run the example application (testdata/exampleapp: an application
+// built on cli.Main with a module of its own) as real worker processes, because a
+// process boundary is the point: kill -9, SIGSTOP, SIGTERM.
+
+var (
+	buildOnce sync.Once
+	appBin    string
+	buildErr  error
+)
+
+func exampleApp(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "exampleapp-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		appBin = filepath.Join(dir, "exampleapp")
+		cmd := exec.Command("go", "build", "-o", appBin, "./testdata/exampleapp")
+		cmd.Dir = ".."
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build exampleapp: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return appBin
+}
+
+type proc struct {
+	cmd *exec.Cmd
+	log string
+	pid int
+}
+
+// appDB is a fresh database migrated by the example application itself.
+func appDB(t *testing.T) *pgtest.DB {
+	t.Helper()
+	db := pgtest.New(t, pgtest.Options{Empty: true, MaxConns: 30})
+	bin := exampleApp(t)
+	out, err := exec.Command(bin, "migrate", "--database-url", db.URL, "--log-level", "warn").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "applied example/0002_reconcile_log")
+	return db
+}
+
+func startWorker(t *testing.T, db *pgtest.DB, env ...string) *proc {
+	t.Helper()
+	bin := exampleApp(t)
+	logPath := filepath.Join(t.TempDir(), "worker.log")
+	f, err := os.Create(logPath)
+	require.NoError(t, err)
+	cmd := exec.Command(bin, "worker", "--no-migrate", "--shards", "all")
+	cmd.Env = append(os.Environ(),
+		"BETTER_COMPUTE_DATABASE_URL="+db.URL,
+		"BETTER_COMPUTE_LEASE_TTL=1500ms",
+		"BETTER_COMPUTE_LEASE_RENEW=250ms",
+		"BETTER_COMPUTE_POLL_INTERVAL=20ms",
+		"BETTER_COMPUTE_STOP_GRACE=2s",
+		"BETTER_COMPUTE_STATEMENT_TIMEOUT=3s",
+		"BETTER_COMPUTE_LOG_FORMAT=json",
+	)
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	require.NoError(t, cmd.Start())
+	p := &proc{cmd: cmd, log: logPath, pid: cmd.Process.Pid}
+	go func() { _ = cmd.Wait(); f.Close() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			lines := strings.Split(string(b), "\n")
+			if len(lines) > 40 {
+				lines = lines[len(lines)-40:]
+			}
+			t.Logf("worker %d log (last lines):\n%s", p.pid, strings.Join(lines, "\n"))
+		}
+	})
+	return p
+}
+
+// leasesOf counts the unexpired shard leases process p holds.
+func leasesOf(t *testing.T, db *pgtest.DB, p *proc) int {
+	t.Helper()
+	return db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE name LIKE 'shard/%'
+		AND owner LIKE '%-' || $1 || '-%' AND expires_at > compute_now()`, strconv.Itoa(p.pid))
+}
+
+func change(t *testing.T, db *pgtest.DB, id string, qty int64) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO example_items (id, qty) VALUES ($1, $2)
+			ON CONFLICT (id) DO UPDATE SET qty = EXCLUDED.qty, version = example_items.version + 1`, id, qty)
+		if err != nil {
+			return err
+		}
+		return jobs.Dirty(ctx, tx, "example_item", id, nil)
+	}))
+}
+
+// converged: nothing dirty, and every item reconciled at its latest version.
+func converged(t *testing.T, db *pgtest.DB) bool {
+	return db.MustCount(t, `SELECT count(*) FROM compute_dirty`) == 0 &&
+		db.MustCount(t, `SELECT count(*) FROM example_items WHERE reconciled_version IS DISTINCT FROM version`) == 0
+}
+
+// TestProcessKill9Takeover: kill -9 a worker process mid-reconcile; the other
+// process takes over its shards, hands back its running jobs, and every dirtied
+// key converges.
+func TestProcessKill9Takeover(t *testing.T) {
+	t.Parallel()
+	db := appDB(t)
+	a := startWorker(t, db, "EXAMPLE_RECONCILE_SLEEP=30ms")
+	workertest.WaitFor(t, 20*time.Second, "A holds every shard", func() bool { return leasesOf(t, db, a) == 16 })
+	b := startWorker(t, db, "EXAMPLE_RECONCILE_SLEEP=30ms")
+
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; !stop.Load(); i++ {
+			change(t, db, fmt.Sprintf("item-%02d", rand.IntN(40)), int64(i))
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	workertest.WaitFor(t, 20*time.Second, "A is mid-reconcile", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE state = 'running'`) > 0
+	})
+	killed := time.Now()
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGKILL))
+	workertest.WaitFor(t, 20*time.Second, "B holds every shard", func() bool { return leasesOf(t, db, b) == 16 })
+	takeover := time.Since(killed)
+	t.Logf("takeover after kill -9: %s (lease TTL 1.5 s)", takeover.Round(time.Millisecond))
+
+	time.Sleep(300 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+	workertest.WaitFor(t, 30*time.Second, "every dirtied key converges", func() bool { return converged(t, db) })
+	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM river_job WHERE state NOT IN ('completed')`))
+}
+
+// TestProcessSIGSTOP: a worker that owns every shard is paused past its lease;
+// another process takes the shards; on SIGCONT the paused process commits
+// nothing and stops working them.
+func TestProcessSIGSTOP(t *testing.T) {
+	t.Parallel()
+	db := appDB(t)
+	a := startWorker(t, db, "EXAMPLE_RECONCILE_SLEEP=300ms")
+	workertest.WaitFor(t, 20*time.Second, "A holds every shard", func() bool { return leasesOf(t, db, a) == 16 })
+	b := startWorker(t, db, "EXAMPLE_RECONCILE_SLEEP=300ms")
+
+	for i := 0; i < 20; i++ {
+		change(t, db, fmt.Sprintf("item-%02d", i), 1)
+	}
+	workertest.WaitFor(t, 20*time.Second, "A is mid-reconcile", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE state = 'running'`) > 0
+	})
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
+	var stoppedAt time.Time
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&stoppedAt))
+
+	// B takes over once A's leases expire and A's open transactions are gone
+	// (the idle-in-transaction timeout ends a paused session's transaction).
+	workertest.WaitFor(t, 30*time.Second, "B holds every shard", func() bool { return leasesOf(t, db, b) == 16 })
+	for i := 20; i < 30; i++ {
+		change(t, db, fmt.Sprintf("item-%02d", i), 1)
+	}
+	workertest.WaitFor(t, 30*time.Second, "B reconciles everything", func() bool { return converged(t, db) })
+
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
+	time.Sleep(2 * time.Second) // A wakes, finds its leases gone, stops
+	for i := 0; i < 30; i++ {
+		change(t, db, fmt.Sprintf("item-%02d", i), 2)
+	}
+	workertest.WaitFor(t, 30*time.Second, "converged after SIGCONT", func() bool { return converged(t, db) })
+
+	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log
+		WHERE worker = $1 AND finished_at > $2`, strconv.Itoa(a.pid), stoppedAt),
+		"the paused process committed a reconcile after it was paused")
+	require.Equal(t, 0, leasesOf(t, db, a), "the paused process holds no shard after SIGCONT")
+	require.Greater(t, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log WHERE worker = $1`, strconv.Itoa(b.pid)), 0)
+}
+
+// TestProcessGracefulStop: SIGTERM makes a worker finish its jobs and release its
+// leases; the standby takes them over at once, without waiting for them to expire.
+func TestProcessGracefulStop(t *testing.T) {
+	t.Parallel()
+	db := appDB(t)
+	a := startWorker(t, db)
+	workertest.WaitFor(t, 20*time.Second, "A holds every shard", func() bool { return leasesOf(t, db, a) == 16 })
+	b := startWorker(t, db)
+	for i := 0; i < 10; i++ {
+		change(t, db, fmt.Sprintf("item-%02d", i), 1)
+	}
+	workertest.WaitFor(t, 20*time.Second, "A reconciles", func() bool { return converged(t, db) })
+
+	var lastExpiry time.Time
+	require.NoError(t, db.Pool.QueryRow(context.Background(),
+		`SELECT max(expires_at) FROM compute_leases WHERE name LIKE 'shard/%'`).Scan(&lastExpiry))
+	termAt := time.Now()
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGTERM))
+	workertest.WaitFor(t, 20*time.Second, "B holds every shard", func() bool { return leasesOf(t, db, b) == 16 })
+	t.Logf("takeover after SIGTERM: %s", time.Since(termAt).Round(time.Millisecond))
+
+	// A released its leases: B took each before A's last expiry would have let it.
+	require.Equal(t, 16, db.MustCount(t, `SELECT count(*) FROM compute_leases
+		WHERE name LIKE 'shard/%' AND acquired_at < $1`, lastExpiry),
+		"B must not have waited for A's leases to expire")
+	b2, _ := os.ReadFile(a.log)
+	require.Contains(t, string(b2), "leases released")
+	require.Contains(t, string(b2), "worker stopped")
+	for i := 0; i < 10; i++ {
+		change(t, db, fmt.Sprintf("item-%02d", i), 2)
+	}
+	workertest.WaitFor(t, 20*time.Second, "B reconciles", func() bool { return converged(t, db) })
+}
