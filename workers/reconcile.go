@@ -27,31 +27,112 @@ func (w *reconcileWorker) Work(ctx context.Context, job *river.Job[jobs.Reconcil
 		// Not cancelled: another version of the application may know the kind.
 		return fault.New(fault.NotFound, "no reconciler %q is registered in this process", job.Args.Reconciler)
 	}
+	batch := rec.batch()
+	err := w.work(ctx, job, rec, batch)
+	if errors.Is(err, errBatchKey) {
+		// A key taken into the batch failed: redo this job's own key alone; the
+		// other key's job stays queued and fails (and retries) on its own.
+		err = w.work(ctx, job, rec, 1)
+	}
+	return err
+}
+
+// errBatchKey marks a failure of a key taken into a batch, not of the job's own.
+var errBatchKey = errors.New("a batched key failed")
+
+// claimSQL takes up to $4 more due, waiting reconcile jobs of reconciler $3 in
+// queue $1, locking their job rows so River's own fetch skips them.
+const claimSQL = `
+SELECT j.id, d.key, d.gen, d.dirtied_at
+FROM river_job j JOIN compute_dirty d ON d.job_id = j.id
+WHERE j.state = 'available' AND j.queue = $1 AND j.scheduled_at <= $2 AND j.kind = 'reconcile'
+  AND d.kind = $3
+ORDER BY j.priority, j.scheduled_at, j.id
+LIMIT $4
+FOR UPDATE OF j SKIP LOCKED`
+
+func (w *reconcileWorker) work(ctx context.Context, job *river.Job[jobs.Reconcile], rec *Reconciler, batch int) error {
 	rt := runtimeFrom(ctx)
 	start := time.Now()
-	var dirtiedAt time.Time
+	kind := job.Args.Reconciler
+	var dirtied []time.Time
 	err := InTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
+		dirtied = dirtied[:0]
 		var gen int64
+		var at time.Time
 		err := tx.QueryRow(ctx, `SELECT gen, dirtied_at FROM compute_dirty WHERE kind = $1 AND key = $2`,
-			job.Args.Reconciler, job.Args.Key).Scan(&gen, &dirtiedAt)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil // nothing is dirty: an operator re-ran a finished job
+			kind, job.Args.Key).Scan(&gen, &at)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			// Nothing is dirty (an operator re-ran a finished job): done.
+		case err != nil:
+			return fmt.Errorf("error reading the dirty row of %s/%s: %w", kind, job.Args.Key, err)
+		default:
+			res, err := rec.Reconcile(ctx, tx, job.Args.Key)
+			if err != nil {
+				return err
+			}
+			if err := finish(ctx, tx, kind, job.Args.Key, gen, res); err != nil {
+				return err
+			}
+			dirtied = append(dirtied, at)
 		}
-		if err != nil {
-			return fmt.Errorf("error reading the dirty row of %s/%s: %w", job.Args.Reconciler, job.Args.Key, err)
+		if batch <= 1 {
+			return nil
 		}
-		res, err := rec.Reconcile(ctx, tx, job.Args.Key)
+		// Batching: more due keys of this reconciler and shard, in this same
+		// fenced transaction, one commit for all.
+		rows, err := tx.Query(ctx, claimSQL, job.Queue, time.Now(), kind, batch-1)
 		if err != nil {
 			return err
 		}
-		return finish(ctx, tx, job.Args.Reconciler, job.Args.Key, gen, res)
+		type claimed struct {
+			id    int64
+			key   string
+			gen   int64
+			dirty time.Time
+		}
+		var more []claimed
+		for rows.Next() {
+			var c claimed
+			if err := rows.Scan(&c.id, &c.key, &c.gen, &c.dirty); err != nil {
+				rows.Close()
+				return err
+			}
+			more = append(more, c)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if len(more) == 0 {
+			return nil
+		}
+		ids := make([]int64, len(more))
+		for i, c := range more {
+			res, err := rec.Reconcile(ctx, tx, c.key)
+			if err == nil {
+				err = finish(ctx, tx, kind, c.key, c.gen, res)
+			}
+			if err != nil {
+				rt.log.Warn().Err(err).Str("reconciler", kind).Str("key", c.key).Msg("a batched key failed; its own job will retry it")
+				return fmt.Errorf("%w: %s/%s: %w", errBatchKey, kind, c.key, err)
+			}
+			ids[i] = c.id
+			dirtied = append(dirtied, c.dirty)
+		}
+		// Their jobs are done in this transaction too, attempted by this process.
+		_, err = tx.Exec(ctx, `UPDATE river_job SET state = 'completed', attempt = attempt + 1,
+			attempted_at = $2, finalized_at = $2, attempted_by = array_append(attempted_by, $3)
+			WHERE id = ANY($1) AND state = 'available'`, ids, time.Now(), rt.o.Owner)
+		return err
 	})
 	if err == nil && rt != nil {
-		var latency time.Duration
-		if !dirtiedAt.IsZero() {
-			latency = rt.anchor.Now().Sub(dirtiedAt)
+		took := time.Since(start)
+		now := rt.anchor.Now()
+		for _, at := range dirtied {
+			rt.metrics.reconciled(kind, took, now.Sub(at))
 		}
-		rt.metrics.reconciled(job.Args.Reconciler, time.Since(start), latency)
 	}
 	return err
 }

@@ -235,3 +235,41 @@ func TestFaultsBecomeOutcomes(t *testing.T) {
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE args->>'key' = 'panics'
 		AND errors[1]->>'error' LIKE '%reconciler bug%' AND state = 'completed'`))
 }
+
+// TestBatchReconcilesInOneTransaction: due keys of one shard are reconciled
+// several per fenced transaction; a batched key that fails rolls back only into a
+// retry of the job's own key, and retries on its own.
+func TestBatchReconcilesInOneTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(t, `UPDATE compute_settings SET shard_count = 1`) // every key in shard 0
+	db.MustExec(t, `CREATE TABLE done (key text, txid xid8 DEFAULT pg_current_xact_id())`)
+	var failed atomic.Bool
+	reg := workers.NewRegistry()
+	require.NoError(t, reg.Reconciler(workers.Reconciler{Kind: "thing", Batch: 10,
+		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
+			if key == "k13" && failed.CompareAndSwap(false, true) {
+				return workers.Result{}, errors.New("k13 fails once")
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO done (key) VALUES ($1)`, key)
+			return workers.Result{}, err
+		}}))
+	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		for i := 0; i < 40; i++ {
+			if err := jobs.Dirty(ctx, tx, "thing", fmt.Sprintf("k%02d", i), nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	workertest.Start(t, db.Pool, reg, &workers.Options{Shards: []int{0}, WorkersPerShard: 1})
+	workertest.WaitFor(t, 30*time.Second, "every key reconciled", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM compute_dirty`) == 0
+	})
+	require.True(t, failed.Load())
+	require.Equal(t, 40, db.MustCount(t, `SELECT count(DISTINCT key) FROM done`))
+	require.Equal(t, 40, db.MustCount(t, `SELECT count(*) FROM done`), "each key reconciled once")
+	require.Less(t, db.MustCount(t, `SELECT count(DISTINCT txid) FROM done`), 20, "keys were batched into few transactions")
+	require.Equal(t, 40, db.MustCount(t, `SELECT count(*) FROM river_job WHERE state = 'completed'`))
+}

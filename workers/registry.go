@@ -26,6 +26,22 @@ type Reconciler struct {
 	List func(ctx context.Context, db pg.DBTX, after string, limit int) ([]string, error)
 	// ResyncEvery overrides the configured resync interval for this reconciler.
 	ResyncEvery time.Duration
+	// Batch is how many keys of this reconciler one fenced transaction may
+	// reconcile: the job's own key, then up to Batch-1 more due keys of the same
+	// shard whose jobs wait, completed in the same commit. Default 32; 1 reconciles
+	// one key per transaction. If a batched key fails, the transaction is redone
+	// with the job's own key only, and the failing key retries on its own.
+	Batch int
+}
+
+// DefaultBatch is Reconciler.Batch's default.
+const DefaultBatch = 32
+
+func (r *Reconciler) batch() int {
+	if r.Batch <= 0 {
+		return DefaultBatch
+	}
+	return r.Batch
 }
 
 // Result is what a reconcile asks for next.
@@ -43,6 +59,7 @@ type Registry struct {
 	order       []string
 	onStart     []func(ctx context.Context, rt *Runtime) error
 	kinds       map[string]bool
+	ext         map[any]any
 }
 
 // NewRegistry returns an empty registry with the built-in workers.
@@ -62,6 +79,32 @@ func AddWorker[T river.JobArgs](r *Registry, w river.Worker[T]) {
 	}
 	r.kinds[args.Kind()] = true
 	river.AddWorker(r.workers, w)
+}
+
+// AddWorkerArgs is AddWorker for a kind read from args instead of T's zero
+// value, so that one args type can serve several kinds (a kind per backfill). It
+// panics on a kind registered twice.
+func AddWorkerArgs[T river.JobArgs](r *Registry, args T, w river.Worker[T]) {
+	if r.kinds[args.Kind()] {
+		panic(fmt.Sprintf("workers: a worker for job kind %q is registered twice", args.Kind()))
+	}
+	r.kinds[args.Kind()] = true
+	river.AddWorkerArgs(r.workers, args, w)
+}
+
+// Extension returns the value a module keeps on r under key, made by init the
+// first time: a module's own registrations (its backfills, say), which its
+// workers and the CLI read back. Use an unexported key type of the module's own.
+func (r *Registry) Extension(key any, init func() any) any {
+	if r.ext == nil {
+		r.ext = map[any]any{}
+	}
+	v, ok := r.ext[key]
+	if !ok {
+		v = init()
+		r.ext[key] = v
+	}
+	return v
 }
 
 // Periodic registers a periodic job; River's elected leader enqueues it.
@@ -84,6 +127,9 @@ func (r *Registry) Reconciler(rec Reconciler) error {
 	}
 	if _, dup := r.reconcilers[rec.Kind]; dup {
 		return fault.New(fault.InvalidConfig, "reconciler %s is registered twice", rec.Kind)
+	}
+	if rec.Batch < 0 {
+		return fault.New(fault.InvalidConfig, "reconciler %s: Batch %d is negative", rec.Kind, rec.Batch)
 	}
 	if rec.ResyncEvery < 0 {
 		return fault.New(fault.InvalidConfig, "reconciler %s: ResyncEvery %s is negative", rec.Kind, rec.ResyncEvery)

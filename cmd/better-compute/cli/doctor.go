@@ -147,7 +147,7 @@ func (s *Session) Doctor(ctx context.Context) []Check {
 			add("clock", mode == clock.Sim, "mode %s: compute_now() is %s from the database clock", mode, dbSkew.Round(time.Millisecond))
 		}
 	}
-	return out
+	return append(out, s.doctorWork(ctx, db)...)
 }
 
 var errRollback = fault.New(fault.Internal, "rollback")

@@ -1,0 +1,220 @@
+package workers_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/logging"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/workertest"
+)
+
+type noopArgs struct {
+	N int `json:"n"`
+}
+
+func (noopArgs) Kind() string { return "bench_noop" }
+
+type noopWorker struct{ river.WorkerDefaults[noopArgs] }
+
+func (noopWorker) Work(context.Context, *river.Job[noopArgs]) error { return nil }
+
+const benchJobs = 5000
+
+// BenchmarkThroughput runs, in one process on one database: raw River (a no-op
+// worker, InsertMany) jobs/s; our fenced reconcile path (Dirty, fence, a one-row
+// domain write, complete) reconciles/s; and pgbench -N TPS on the same server as
+// the machine's commit-rate limit. It reports the ratios and this process's RSS
+// idle and under load.
+//
+//	go test -run '^$' -bench Throughput -benchtime 1x ./workers/
+func BenchmarkThroughput(b *testing.B) {
+	ctx := context.Background()
+	db := pgtest.New(b, pgtest.Options{MaxConns: 40})
+	db.MustExec(b, `CREATE TABLE bench_items (key text PRIMARY KEY, n bigint NOT NULL DEFAULT 0)`)
+	db.MustExec(b, `INSERT INTO bench_items (key) SELECT 'k' || g FROM generate_series(1, $1) g`, benchJobs)
+	idleRSS := rssKB()
+
+	var rawRate, fencedRate, peakRSS float64
+	for i := 0; i < b.N; i++ {
+		rawRate = benchRawRiver(b, db)
+		var rss float64
+		fencedRate, rss = benchFenced(b, db)
+		peakRSS = max(peakRSS, rss)
+	}
+	tps := pgbenchTPS(b, db, 16, 10*time.Second)
+	b.ReportMetric(rawRate, "raw_river_jobs/s")
+	b.ReportMetric(fencedRate, "fenced_reconciles/s")
+	b.ReportMetric(tps, "pgbench_N_tps")
+	b.ReportMetric(fencedRate/tps, "fenced/pgbench")
+	b.ReportMetric(fencedRate/rawRate, "fenced/raw")
+	b.ReportMetric(rawRate/tps, "raw/pgbench")
+	b.ReportMetric(float64(idleRSS)/1024, "rss_idle_MB")
+	b.ReportMetric(peakRSS/1024, "rss_load_MB")
+	_ = ctx
+}
+
+func benchRawRiver(b *testing.B, db *pgtest.DB) float64 {
+	ctx := context.Background()
+	ws := river.NewWorkers()
+	river.AddWorker(ws, &noopWorker{})
+	client, err := river.NewClient(riverpgxv5.New(db.Pool.Pool), &river.Config{
+		Queues:            map[string]river.QueueConfig{"raw": {MaxWorkers: 100}},
+		Workers:           ws,
+		PollOnly:          true,
+		FetchPollInterval: 20 * time.Millisecond,
+		FetchCooldown:     20 * time.Millisecond,
+		Logger:            logging.Slog(zerolog.Nop()),
+	})
+	require.NoError(b, err)
+	params := make([]river.InsertManyParams, benchJobs)
+	for i := range params {
+		params[i] = river.InsertManyParams{Args: noopArgs{N: i}, InsertOpts: &river.InsertOpts{Queue: "raw"}}
+	}
+	_, err = client.InsertMany(ctx, params)
+	require.NoError(b, err)
+	start := time.Now()
+	require.NoError(b, client.Start(ctx))
+	workertest.WaitFor(b, 5*time.Minute, "raw jobs done", func() bool {
+		return db.MustCount(b, `SELECT count(*) FROM river_job WHERE kind = 'bench_noop' AND state <> 'completed'`) == 0
+	})
+	rate := benchJobs / time.Since(start).Seconds()
+	require.NoError(b, client.Stop(ctx))
+	return rate
+}
+
+func benchFenced(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
+	ctx := context.Background()
+	reg := workers.NewRegistry()
+	require.NoError(b, reg.Reconciler(workers.Reconciler{Kind: "bench",
+		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
+			_, err := tx.Exec(ctx, `UPDATE bench_items SET n = n + 1 WHERE key = $1`, key)
+			return workers.Result{}, err
+		}}))
+	// Mark every key dirty first (100 keys per transaction), then start the
+	// workers and time the drain.
+	for i := 0; i < benchJobs; i += 100 {
+		require.NoError(b, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+			for j := i; j < i+100 && j < benchJobs; j++ {
+				if err := jobs.Dirty(ctx, tx, "bench", "k"+strconv.Itoa(j+1), nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+	}
+	start := time.Now()
+	rt := workertest.Start(b, db.Pool, reg, &workers.Options{WorkersPerShard: 4})
+	workertest.WaitFor(b, 5*time.Minute, "reconciles done", func() bool {
+		peakRSS = max(peakRSS, float64(rssKB()))
+		return db.MustCount(b, `SELECT count(*) FROM compute_dirty WHERE kind = 'bench'`) == 0
+	})
+	rate = benchJobs / time.Since(start).Seconds()
+	require.NoError(b, rt.Stop(ctx))
+	return rate, peakRSS
+}
+
+// pgbenchTPS runs pgbench -N (no updates of tellers and branches) against the
+// test database's server and returns its TPS.
+func pgbenchTPS(b *testing.B, db *pgtest.DB, clients int, d time.Duration) float64 {
+	bin, err := exec.LookPath("pgbench")
+	if err != nil {
+		matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pgbench")
+		if len(matches) == 0 {
+			b.Fatal("pgbench not found: install postgresql-contrib (Debian 12) or postgresql-client")
+		}
+		bin = matches[len(matches)-1]
+	}
+	u, err := url.Parse(db.URL)
+	require.NoError(b, err)
+	env := append(os.Environ(), "PGHOST="+u.Hostname(), "PGPORT="+u.Port(), "PGUSER="+u.User.Username(),
+		"PGDATABASE="+strings.TrimPrefix(u.Path, "/"))
+	init := exec.Command(bin, "-i", "-q", "-s", "4")
+	init.Env = env
+	out, err := init.CombinedOutput()
+	require.NoError(b, err, "%s", out)
+	run := exec.Command(bin, "-N", "-c", strconv.Itoa(clients), "-j", "2", "-T", strconv.Itoa(int(d.Seconds())))
+	run.Env = env
+	out, err = run.CombinedOutput()
+	require.NoError(b, err, "%s", out)
+	m := regexp.MustCompile(`tps = ([0-9.]+)`).FindSubmatch(out)
+	require.NotNil(b, m, "%s", out)
+	tps, _ := strconv.ParseFloat(string(m[1]), 64)
+	return tps
+}
+
+func rssKB() int64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if rest, ok := strings.CutPrefix(s.Text(), "VmRSS:"); ok {
+			n, _ := strconv.ParseInt(strings.Fields(rest)[0], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// BenchmarkDirtyVsInsertTx: the cost of Dirty inside a caller's transaction
+// against a plain River InsertTx, each in its own transaction.
+//
+//	go test -run '^$' -bench DirtyVsInsertTx ./workers/
+func BenchmarkDirtyVsInsertTx(b *testing.B) {
+	ctx := context.Background()
+	db := pgtest.New(b)
+	client, err := river.NewClient(riverpgxv5.New(db.Pool.Pool), &river.Config{Logger: logging.Slog(zerolog.Nop())})
+	require.NoError(b, err)
+	var insertNs, dirtyNs float64
+	b.Run("InsertTx", func(b *testing.B) {
+		start := time.Now()
+		for i := 0; i < b.N; i++ {
+			require.NoError(b, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+				_, err := client.InsertTx(ctx, tx, noopArgs{N: i}, &river.InsertOpts{Queue: "shard_0"})
+				return err
+			}))
+		}
+		insertNs = float64(time.Since(start).Nanoseconds()) / float64(b.N)
+	})
+	b.Run("Dirty", func(b *testing.B) {
+		start := time.Now()
+		for i := 0; i < b.N; i++ {
+			require.NoError(b, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+				return jobs.Dirty(ctx, tx, "bench", fmt.Sprintf("key-%d", i), nil)
+			}))
+		}
+		dirtyNs = float64(time.Since(start).Nanoseconds()) / float64(b.N)
+		if insertNs > 0 {
+			b.ReportMetric(dirtyNs/insertNs, "dirty/inserttx")
+		}
+	})
+	b.Run("DirtyCoalesced", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			require.NoError(b, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+				return jobs.Dirty(ctx, tx, "bench", "hot-key", nil)
+			}))
+		}
+	})
+}
