@@ -51,6 +51,11 @@ func devCommand() *command {
 				return err
 			}
 			defer func() { _ = rt.Stop(context.Background()) }()
+			stopServe, err := s.StartServe(ctx, rt)
+			if err != nil {
+				return err
+			}
+			defer stopServe()
 			for _, d := range demos {
 				if d.Run != nil {
 					go d.Run(ctx, s, rt)

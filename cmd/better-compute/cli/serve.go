@@ -1,0 +1,142 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/riverqueue/river"
+
+	"github.com/bettercompute/bettercompute/platform/web"
+	"github.com/bettercompute/bettercompute/workers"
+)
+
+func init() { commandSet = append(commandSet, serveCommand) }
+
+func serveCommand() *command {
+	return &command{
+		name:    "serve",
+		summary: "serve River UI (at /), /healthz, /readyz and /metrics on BETTER_COMPUTE_LISTEN (loopback unless credentials are set), until interrupted",
+		run: func(ctx context.Context, s *Session, args []string) error {
+			if len(args) > 0 {
+				return usageErr("serve takes no arguments, got %q", args)
+			}
+			if err := s.setup(); err != nil {
+				return err
+			}
+			// A bind that would expose River UI without credentials fails
+			// before the database is touched.
+			if err := web.CheckBind(ctx, s.Config.Listen, s.Config.AuthUser != ""); err != nil {
+				return err
+			}
+			if _, err := s.Pool(ctx); err != nil {
+				return err
+			}
+			if !s.NoMigrate {
+				if _, err := s.Migrate(ctx); err != nil {
+					return err
+				}
+			}
+			stop, err := s.StartServe(ctx, nil)
+			if err != nil {
+				return err
+			}
+			<-ctx.Done()
+			s.Log.Info().Msg("serve: stopping")
+			stop()
+			return nil
+		},
+	}
+}
+
+// StartServe starts the HTTP server of serve on BETTER_COMPUTE_LISTEN: River UI
+// at /, /healthz, /readyz, /metrics and every registered Route, behind the
+// guards of package web (loopback unless credentials are set, basic auth,
+// read-only mode). It prints the URL on stdout. dev calls it with its worker
+// Runtime, whose River client River UI then uses, and whose metrics join
+// /metrics; with rt nil River UI gets an insert-only client on the session's
+// pool. It does not migrate. stop shuts the server down gracefully (also done
+// when ctx is cancelled) and may be called more than once.
+//
+// It returns INVALID_CONFIG for a non-loopback address without credentials, an
+// address that cannot be bound, or a bad route.
+func (s *Session) StartServe(ctx context.Context, rt *workers.Runtime) (stop func(), err error) {
+	if err := s.setup(); err != nil {
+		return nil, err
+	}
+	if err := web.CheckBind(ctx, s.Config.Listen, s.Config.AuthUser != ""); err != nil {
+		return nil, err
+	}
+	db, err := s.Pool(ctx)
+	if err != nil {
+		return nil, err
+	}
+	set, err := s.MigrationSet()
+	if err != nil {
+		return nil, err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(workers.NewQueueCollector(db),
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var gatherer prometheus.Gatherer = reg
+	if s.workerMetrics != nil {
+		gatherer = prometheus.Gatherers{reg, withoutRuntimeMetrics(s.workerMetrics)}
+	}
+
+	var client *river.Client[pgx.Tx]
+	if rt != nil {
+		client = rt.Client()
+	}
+	var rs []web.Route
+	for _, r := range routes {
+		var h http.Handler
+		if r.Handler != nil {
+			h = r.Handler(s, db) // nil: web refuses the route with INVALID_CONFIG
+		}
+		rs = append(rs, web.Route{Pattern: r.Pattern, ReadOnly: r.ReadOnly, Handler: h})
+	}
+
+	srv, err := web.Start(ctx, web.Options{
+		Listen: s.Config.Listen, User: s.Config.AuthUser, Password: s.Config.AuthPassword,
+		ReadOnly: s.Config.ReadOnly, Pool: db, Client: client, Migrations: set,
+		Metrics: gatherer, Routes: rs, Log: s.Log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	mode := ""
+	if s.Config.ReadOnly {
+		mode = " (read-only)"
+	}
+	fmt.Fprintf(s.Env.Stdout, "River UI: %s%s\n", srv.URL(), mode)
+	stop = func() {
+		if err := srv.Shutdown(context.Background()); err != nil {
+			s.Log.Warn().Err(err).Msg("serve: shutdown")
+		}
+	}
+	s.onClose(stop)
+	return stop, nil
+}
+
+// withoutRuntimeMetrics drops the Go runtime and process families from the
+// worker's registry (registered there when the worker serves its own /metrics),
+// since serve's registry already has them and Gatherers refuses duplicates.
+func withoutRuntimeMetrics(g prometheus.Gatherer) prometheus.Gatherer {
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		mfs, err := g.Gather()
+		out := mfs[:0]
+		for _, mf := range mfs {
+			if n := mf.GetName(); strings.HasPrefix(n, "go_") || strings.HasPrefix(n, "process_") {
+				continue
+			}
+			out = append(out, mf)
+		}
+		return out, err
+	})
+}
