@@ -59,10 +59,18 @@ func Now(ctx context.Context, db pg.DBTX) (time.Time, error) {
 // ModeOf returns compute_now()'s mode. A database without the clock migration
 // reads as Missing.
 func ModeOf(ctx context.Context, db pg.DBTX) (Mode, error) {
+	// Two statements: PostgreSQL resolves a function call when it parses the
+	// statement, so one that names compute_clock_mode() fails on a database
+	// without it, whatever a CASE around the call says.
+	var have bool
+	if err := db.QueryRow(ctx, `SELECT to_regprocedure('compute_clock_mode()') IS NOT NULL`).Scan(&have); err != nil {
+		return "", pg.Translate(fmt.Errorf("error reading the clock mode: %w", err))
+	}
+	if !have {
+		return Missing, nil
+	}
 	var m string
-	err := db.QueryRow(ctx, `SELECT CASE WHEN to_regprocedure('compute_clock_mode()') IS NULL
-		THEN 'missing' ELSE compute_clock_mode() END`).Scan(&m)
-	if err != nil {
+	if err := db.QueryRow(ctx, `SELECT compute_clock_mode()`).Scan(&m); err != nil {
 		return "", pg.Translate(fmt.Errorf("error reading the clock mode: %w", err))
 	}
 	return Mode(m), nil

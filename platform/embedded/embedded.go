@@ -380,7 +380,7 @@ func FindBin(hint string) (string, error) {
 		if has(hint) {
 			return hint, nil
 		}
-		return "", fault.New(fault.InvalidConfig, "BETTER_COMPUTE_PG_BIN=%s does not hold initdb and postgres", hint)
+		return "", fault.New(fault.InvalidConfig, "BETTER_COMPUTE_PG_BIN=%s does not hold initdb and postgres: point it at PostgreSQL's bin directory (such as /usr/lib/postgresql/15/bin), or install the server binaries with `apt-get install postgresql` (PostgreSQL 15 or newer) and unset it", hint)
 	}
 	if p, err := exec.LookPath("initdb"); err == nil {
 		if real, err := filepath.EvalSymlinks(p); err == nil && has(filepath.Dir(real)) {

@@ -22,6 +22,12 @@
 // it out, and InTx retries a BEGIN that failed on a dead connection with a fresh
 // one, since nothing has happened yet. A broken connection never crashes the
 // process; at worst the statement in flight returns UNAVAILABLE.
+//
+// # Cancellation
+//
+// A cancelled context (SIGINT in the CLI) cancels the running statement on the
+// server with a CancelRequest, so its transaction rolls back at once and
+// releases its locks, and the connection stays usable.
 package pg
 
 import (
@@ -34,6 +40,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bettercompute/bettercompute/platform/fault"
@@ -48,6 +55,10 @@ type DBTX interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
+
+// cancelGrace is how long a cancelled statement has to end on the server before
+// its connection is dropped.
+const cancelGrace = 2 * time.Second
 
 // Options configure Open.
 type Options struct {
@@ -65,6 +76,7 @@ type Pool struct {
 	*pgxpool.Pool
 	beginSQL string // BEGIN plus SET LOCAL, sent as one simple-protocol message
 	timeout  time.Duration
+	app      string // application_name, SET LOCAL in each transaction
 }
 
 // Open connects a pool. It returns INVALID_CONFIG for a URL that does not parse
@@ -88,8 +100,16 @@ func Open(ctx context.Context, o Options) (*Pool, error) {
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
+	// A cancelled context cancels the statement on the server (a CancelRequest,
+	// which PgBouncer forwards), so its transaction rolls back now and releases
+	// its locks. pgx's default only drops the connection, and the server goes on
+	// running the statement (a migration, with the migration lock held) until it
+	// next writes to the socket.
+	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: cancelGrace}
+	}
 
-	p := &Pool{timeout: o.StatementTimeout}
+	p := &Pool{timeout: o.StatementTimeout, app: o.ApplicationName}
 	if p.timeout == 0 {
 		p.timeout = 15 * time.Second
 	}
@@ -102,9 +122,23 @@ func Open(ctx context.Context, o Options) (*Pool, error) {
 	p.Pool = pool
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, Translate(fmt.Errorf("cannot reach the database: %s", Redact(err.Error(), o.URL)))
+		return nil, Translate(redactErr(fmt.Errorf("cannot reach the database: %w", err), o.URL))
 	}
 	return p, nil
+}
+
+// redacted is an error whose text has the password removed, keeping the cause
+// in the chain so that SQLState and Translate still read it.
+type redacted struct {
+	msg string
+	err error
+}
+
+func (r *redacted) Error() string { return r.msg }
+func (r *redacted) Unwrap() error { return r.err }
+
+func redactErr(err error, connURL string) error {
+	return &redacted{msg: Redact(err.Error(), connURL), err: err}
 }
 
 // StatementTimeout is the timeout every transaction of this pool sets.
@@ -115,6 +149,22 @@ func (p *Pool) StatementTimeout() time.Duration { return p.timeout }
 // out to be dead.
 func (p *Pool) Begin(ctx context.Context) (pgx.Tx, error) {
 	return p.begin(ctx, p.beginSQL)
+}
+
+// beginWith begins a top-level transaction with opts (nil for the defaults).
+// InTx finds it through the txBeginner interface, so a type that embeds *Pool
+// (a test database, an application's wrapper) gets the same transactions.
+func (p *Pool) beginWith(ctx context.Context, opts *TxOptions) (pgx.Tx, error) {
+	sql := p.beginSQL
+	if opts != nil && (opts.Isolation != "" || opts.ReadOnly) {
+		sql = beginSQL(opts.Isolation, opts.ReadOnly, p.timeout, p.app)
+	}
+	return p.begin(ctx, sql)
+}
+
+// txBeginner is *Pool, or any type that embeds it.
+type txBeginner interface {
+	beginWith(ctx context.Context, opts *TxOptions) (pgx.Tx, error)
 }
 
 func (p *Pool) begin(ctx context.Context, sql string) (pgx.Tx, error) {
@@ -170,21 +220,17 @@ type TxOptions struct {
 
 // InTx runs fn in a transaction and commits it when fn returns nil.
 //
-// Given a *Pool it begins a transaction (read committed unless opts say
-// otherwise, with the statement timeout). Given a pgx.Tx it opens a savepoint, so
-// a failure inside rolls back only fn's work. It rolls back when fn returns an
-// error or panics (and re-panics). A COMMIT that the server turned into a
-// ROLLBACK, because a statement failed and fn swallowed the error, returns
-// INTERNAL_ERROR, never success.
+// Given a *Pool (or a type that embeds one) it begins a transaction (read
+// committed unless opts say otherwise, with the statement timeout). Given a
+// pgx.Tx it opens a savepoint, so a failure inside rolls back only fn's work.
+// It rolls back when fn returns an error or panics (and re-panics). A COMMIT
+// that the server turned into a ROLLBACK, because a statement failed and fn
+// swallowed the error, returns INTERNAL_ERROR, never success.
 func InTx(ctx context.Context, db DBTX, opts *TxOptions, fn func(tx pgx.Tx) error) (err error) {
 	var tx pgx.Tx
 	switch d := db.(type) {
-	case *Pool:
-		sql := d.beginSQL
-		if opts != nil && (opts.Isolation != "" || opts.ReadOnly) {
-			sql = beginSQL(opts.Isolation, opts.ReadOnly, d.timeout, "")
-		}
-		tx, err = d.begin(ctx, sql)
+	case txBeginner:
+		tx, err = d.beginWith(ctx, opts)
 	default:
 		tx, err = db.Begin(ctx)
 		if err != nil {
@@ -226,7 +272,10 @@ func beginSQL(iso pgx.TxIsoLevel, readOnly bool, timeout time.Duration, app stri
 		b.WriteString(" READ ONLY")
 	}
 	if timeout > 0 {
-		fmt.Fprintf(&b, "; SET LOCAL statement_timeout = %d", timeout.Milliseconds())
+		// The same bound on a transaction left idle: a paused process (SIGSTOP, a
+		// long GC) must not hold its locks, and so a lease takeover, for ever.
+		fmt.Fprintf(&b, "; SET LOCAL statement_timeout = %d; SET LOCAL idle_in_transaction_session_timeout = %d",
+			timeout.Milliseconds(), timeout.Milliseconds())
 	}
 	if app != "" {
 		fmt.Fprintf(&b, "; SET LOCAL application_name = %s", quoteLiteral(app))

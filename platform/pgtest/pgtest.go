@@ -178,7 +178,10 @@ func template(tb testing.TB, admin string, set *migrate.Set) string {
 		if err != nil {
 			tb.Fatalf("pgtest: %v", err)
 		}
-		_, err = set.Apply(ctx, pool, nil)
+		err = migrate.EnsureExtensions(ctx, pool) // as migrate does: btree_gist before the migrations
+		if err == nil {
+			_, err = set.Apply(ctx, pool, nil)
+		}
 		if err == nil {
 			_, err = migrate.InitSettings(ctx, pool, DefaultShardCount)
 		}
@@ -265,4 +268,3 @@ func (d *DB) MustCount(tb testing.TB, sql string, args ...any) int {
 	}
 	return n
 }
-

@@ -1,0 +1,437 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/platform/config"
+	"github.com/bettercompute/bettercompute/platform/migrate"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// run runs one command line in-process against env (KEY=VALUE).
+func run(t *testing.T, ctx context.Context, app cli.App, env []string, args ...string) result {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := cli.Run(ctx, app, args, cli.Env{Stdout: &stdout, Stderr: &stderr, Environ: env})
+	t.Logf("%s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
+	return result{code, stdout.String(), stderr.String()}
+}
+
+func dbEnv(db *pgtest.DB) []string {
+	return []string{"BETTER_COMPUTE_DATABASE_URL=" + db.URL, "BETTER_COMPUTE_LOG_LEVEL=warn"}
+}
+
+// builtinNames are the names of the built-in migration set, in order.
+func builtinNames(t *testing.T) []string {
+	t.Helper()
+	set, err := migrate.Builtin()
+	require.NoError(t, err)
+	var out []string
+	for _, m := range set.Migrations() {
+		out = append(out, m.Name())
+	}
+	require.NotEmpty(t, out)
+	return out
+}
+
+func ledger(t *testing.T, db *pgtest.DB) []string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), "SELECT name FROM compute_migrations ORDER BY name")
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return names
+}
+
+// count runs a count query, for conditions polled by require.Eventually (which
+// must not fail the test from its own goroutine): -1 on error.
+func count(db *pgtest.DB, sql string) int {
+	var n int
+	if err := db.QueryRow(context.Background(), sql).Scan(&n); err != nil {
+		return -1
+	}
+	return n
+}
+
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
+}
+
+var appliedLine = regexp.MustCompile(`(?m)^applied (\S+)$`)
+
+func appliedIn(stdout string) []string {
+	var out []string
+	for _, m := range appliedLine.FindAllStringSubmatch(stdout, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+func TestMigrateTwice(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	want := builtinNames(t)
+
+	r := run(t, ctx, cli.App{}, dbEnv(db), "migrate")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, want, appliedIn(r.stdout), "prints each migration it applied, in order")
+	require.Contains(t, r.stdout, fmt.Sprintf("migrate: %d applied, 0 already current", len(want)))
+	require.Equal(t, sorted(want), ledger(t, db))
+	require.Equal(t, 1, db.MustCount(t, "SELECT count(*) FROM pg_extension WHERE extname = 'btree_gist'"), "migrate creates btree_gist")
+
+	r = run(t, ctx, cli.App{}, dbEnv(db), "migrate")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Empty(t, appliedIn(r.stdout), "the second run applies nothing")
+	require.Contains(t, r.stdout, fmt.Sprintf("migrate: 0 applied, %d already current", len(want)))
+	require.Equal(t, sorted(want), ledger(t, db))
+}
+
+func TestMigrateWithAnApplicationModule(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	app := cli.App{Modules: []cli.Module{{Name: "inventory", Migrations: fstest.MapFS{
+		"0001_items.sql": {Data: []byte("CREATE TABLE inventory_items (id bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT compute_now())")},
+	}}}}
+	r := run(t, ctx, app, dbEnv(db), "migrate")
+	require.Equal(t, 0, r.code, r.stderr)
+	applied := appliedIn(r.stdout)
+	require.Equal(t, "inventory/0001_items", applied[len(applied)-1], "application modules run last")
+	require.Equal(t, 1, db.MustCount(t, "SELECT count(*) FROM compute_migrations WHERE name = 'inventory/0001_items'"))
+
+	// A module with a badly named file fails before anything touches the store.
+	db2 := pgtest.New(t, pgtest.Options{Empty: true})
+	bad := cli.App{Modules: []cli.Module{{Name: "inventory", Migrations: fstest.MapFS{"1_items.sql": {Data: []byte("SELECT 1")}}}}}
+	r = run(t, ctx, bad, dbEnv(db2), "migrate")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "INVALID_CONFIG")
+	require.Contains(t, r.stderr, "inventory/1_items.sql")
+	require.Equal(t, 0, db2.MustCount(t, "SELECT count(*) FROM pg_class WHERE relname = 'compute_migrations'"))
+}
+
+func TestMigrateValidatesTheConfigurationFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	r := run(t, ctx, cli.App{}, append(dbEnv(db), "BETTER_COMPUTE_DB_MAX_CONNS=0"), "migrate")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "INVALID_CONFIG")
+	require.Contains(t, r.stderr, "BETTER_COMPUTE_DB_MAX_CONNS")
+	require.Equal(t, 0, db.MustCount(t, "SELECT count(*) FROM pg_class WHERE relname = 'compute_migrations'"), "the store was not touched")
+
+	// A flag overrides the bad variable.
+	r = run(t, ctx, cli.App{}, append(dbEnv(db), "BETTER_COMPUTE_DB_MAX_CONNS=0"), "migrate", "--db-max-conns", "3")
+	require.Equal(t, 0, r.code, r.stderr)
+}
+
+func TestDoctorAllOK(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").code)
+
+	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	require.Equal(t, 0, r.code, r.stdout+r.stderr)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	for _, l := range lines {
+		require.True(t, strings.HasPrefix(l, "OK "), "every line is OK: %q", l)
+	}
+	for _, check := range []string{"connect", "postgres", "features", "btree_gist", "ledger", "clock"} {
+		require.Regexp(t, `(?m)^OK\s+`+check+`\s`, r.stdout)
+	}
+	require.Regexp(t, `(?m)^OK\s+clock\s+mode system`, r.stdout)
+}
+
+func TestDoctorFailsOnATamperedLedger(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").code)
+	db.MustExec(t, "INSERT INTO compute_migrations (name, applied_at) VALUES ('core/9999_future', compute_now())")
+
+	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	require.NotEqual(t, 0, r.code)
+	require.Regexp(t, `(?m)^FAIL\s+ledger\s+.*core/9999_future`, r.stdout)
+	require.Regexp(t, `(?m)^OK\s+connect`, r.stdout, "the other checks still run")
+	require.Contains(t, r.stderr, "INVALID_CONFIG")
+
+	// migrate refuses it too, and applies nothing.
+	before := ledger(t, db)
+	r = run(t, ctx, cli.App{}, dbEnv(db), "migrate")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "INVALID_CONFIG")
+	require.Contains(t, r.stderr, "core/9999_future")
+	require.Equal(t, before, ledger(t, db))
+}
+
+func TestDoctorFailsOnAMissingExtension(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	require.NotEqual(t, 0, r.code)
+	require.Regexp(t, `(?m)^FAIL\s+btree_gist\s`, r.stdout)
+	require.Regexp(t, `(?m)^FAIL\s+ledger\s+.*pending`, r.stdout)
+	require.Regexp(t, `(?m)^FAIL\s+clock\s+.*missing`, r.stdout)
+	require.Regexp(t, `(?m)^OK\s+connect`, r.stdout)
+}
+
+func TestHelpListsEveryVariable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := config.Load(nil)
+	require.NoError(t, err)
+	fields := cfg.Fields()
+	require.NotEmpty(t, fields)
+
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"migrate", "--help"}, {"doctor", "--help"}, {"dev", "--help"}} {
+		r := run(t, ctx, cli.App{}, nil, args...)
+		require.Equal(t, 0, r.code, args)
+		for _, f := range fields {
+			def := f.Default
+			if def == "" {
+				def = "-"
+			}
+			require.Regexp(t, `(?m)^\s+`+f.Env+`\s+--`+regexp.QuoteMeta(f.Flag)+`\s+`+regexp.QuoteMeta(def)+`\s`, r.stdout, "%v: %s", args, f.Env)
+		}
+	}
+	r := run(t, ctx, cli.App{}, nil, "--help")
+	for _, c := range []string{"migrate", "doctor", "dev"} {
+		require.Regexp(t, `(?m)^\s+`+c+`\s`, r.stdout)
+	}
+	r = run(t, ctx, cli.App{}, nil, "migrate", "--help")
+	require.Contains(t, r.stdout, "--dev")
+}
+
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := run(t, ctx, cli.App{}, nil, "frobnicate")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, `unknown command "frobnicate"`)
+
+	r = run(t, ctx, cli.App{}, nil)
+	require.Equal(t, 2, r.code, "no command")
+	require.Contains(t, r.stdout, "Usage")
+
+	r = run(t, ctx, cli.App{}, nil, "migrate", "--no-such-flag")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "no-such-flag")
+}
+
+func TestEmbeddedNeedsDev(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "pg")
+	for _, cmd := range []string{"migrate", "doctor"} {
+		r := run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=embedded:" + dir}, cmd)
+		require.Equal(t, 1, r.code, cmd)
+		require.Contains(t, r.stdout+r.stderr, "INVALID_CONFIG", cmd)
+		require.Contains(t, r.stdout+r.stderr, "--dev", cmd)
+	}
+	require.NoDirExists(t, dir, "no cluster was created")
+}
+
+func TestMigrateWithDevOnAnEmbeddedCluster(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=embedded:memory", "BETTER_COMPUTE_LOG_LEVEL=warn"}, "migrate", "--dev")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, builtinNames(t), appliedIn(r.stdout))
+}
+
+func TestErrorsNeverShowThePassword(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	const secret = "Cli-s3cret-pw"
+	for _, u := range []string{
+		fmt.Sprintf("postgres://bob:%s@127.0.0.1:%d/db?connect_timeout=5", secret, port),
+		"postgres://bob:" + secret + "@127.0.0.1:notaport/db",
+	} {
+		for _, cmd := range []string{"migrate", "doctor"} {
+			r := run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=" + u, "BETTER_COMPUTE_LOG_LEVEL=debug"}, cmd)
+			require.Equal(t, 1, r.code)
+			require.NotContains(t, r.stdout+r.stderr, secret)
+			require.Regexp(t, `UNAVAILABLE|INVALID_CONFIG`, r.stdout+r.stderr)
+		}
+	}
+}
+
+// TestInterruptedMigrateRollsBack cancels migrate's context (what SIGINT does in
+// cli.Main) while an application migration runs: that migration rolls back, the
+// command fails with UNAVAILABLE, and the next run finishes the job.
+func TestInterruptedMigrateRollsBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	// It sleeps while go_slow exists: the same module is slow, then fast.
+	db.MustExec(t, "CREATE TABLE go_slow ()")
+	app := cli.App{Modules: []cli.Module{{Name: "slowapp", Migrations: fstest.MapFS{
+		"0001_slow.sql": {Data: []byte("CREATE TABLE slowapp_t (id int); SELECT pg_sleep(CASE WHEN to_regclass('go_slow') IS NULL THEN 0 ELSE 60 END)")},
+	}}}}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan result, 1)
+	go func() { done <- run(t, runCtx, app, dbEnv(db), "migrate") }()
+	require.Eventually(t, func() bool {
+		return count(db, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'PgSleep'") > 0
+	}, 60*time.Second, 10*time.Millisecond)
+	cancel()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("migrate did not stop after its context was cancelled")
+	}
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "UNAVAILABLE")
+	require.Contains(t, r.stderr, "slowapp/0001_slow")
+	require.Equal(t, 0, db.MustCount(t, "SELECT count(*) FROM compute_migrations WHERE name LIKE 'slowapp/%'"))
+	require.Equal(t, 0, db.MustCount(t, "SELECT count(*) FROM pg_class WHERE relname = 'slowapp_t'"))
+	require.Equal(t, sorted(builtinNames(t)), ledger(t, db), "the migrations before it stay applied")
+
+	db.MustExec(t, "DROP TABLE go_slow")
+	r = run(t, ctx, app, dbEnv(db), "migrate")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, []string{"slowapp/0001_slow"}, appliedIn(r.stdout))
+}
+
+// build builds cmd/better-compute into dir (once per test binary: only
+// TestMigrateProcesses runs it).
+func build(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "better-compute")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/bettercompute/bettercompute/cmd/better-compute").CombinedOutput()
+	require.NoError(t, err, "go build:\n%s", out)
+	return bin
+}
+
+// processEnv is this process's environment without any BETTER_COMPUTE_
+// variable, plus env.
+func processEnv(env ...string) []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, config.Prefix) {
+			out = append(out, kv)
+		}
+	}
+	return append(out, env...)
+}
+
+// TestMigrateProcesses runs the built binary: two migrate processes at once on
+// one fresh database, then a migrate interrupted with SIGINT.
+func TestMigrateProcesses(t *testing.T) {
+	t.Parallel()
+	bin := build(t, t.TempDir())
+	want := builtinNames(t)
+
+	t.Run("two at once", func(t *testing.T) {
+		db := pgtest.New(t, pgtest.Options{Empty: true})
+		var cmds []*exec.Cmd
+		var outs []*bytes.Buffer
+		for range 2 {
+			var out bytes.Buffer
+			cmd := exec.Command(bin, "migrate")
+			cmd.Env = processEnv(dbEnv(db)...)
+			cmd.Stdout = &out
+			cmd.Stderr = &out
+			cmds = append(cmds, cmd)
+			outs = append(outs, &out)
+		}
+		for _, c := range cmds {
+			require.NoError(t, c.Start())
+		}
+		var applied []string
+		for i, c := range cmds {
+			require.NoError(t, c.Wait(), "process %d:\n%s", i, outs[i])
+			t.Logf("process %d:\n%s", i, outs[i])
+			got := appliedIn(outs[i].String())
+			require.Contains(t, outs[i].String(), fmt.Sprintf("migrate: %d applied, %d already current", len(got), len(want)-len(got)))
+			applied = append(applied, got...)
+		}
+		require.Equal(t, sorted(want), sorted(applied), "each migration applied by exactly one process")
+		require.Equal(t, sorted(want), ledger(t, db))
+	})
+
+	t.Run("SIGINT", func(t *testing.T) {
+		ctx := context.Background()
+		db := pgtest.New(t, pgtest.Options{Empty: true})
+		// The ledger and the extension exist; a session holding the migration lock
+		// keeps the first migration waiting inside its transaction.
+		require.NoError(t, migrate.EnsureExtensions(ctx, db.Pool))
+		empty, err := migrate.NewSet()
+		require.NoError(t, err)
+		_, err = empty.Apply(ctx, db.Pool, nil)
+		require.NoError(t, err)
+		holder, err := pgx.Connect(ctx, db.URL)
+		require.NoError(t, err)
+		defer holder.Close(ctx)
+		lock, err := holder.Begin(ctx)
+		require.NoError(t, err)
+		_, err = lock.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", migrate.LockKey1, migrate.LockKey2)
+		require.NoError(t, err)
+
+		var out bytes.Buffer
+		cmd := exec.Command(bin, "migrate")
+		cmd.Env = processEnv(dbEnv(db)...)
+		cmd.Stdout = &out
+		cmd.Stderr = &out
+		require.NoError(t, cmd.Start())
+		require.Eventually(t, func() bool {
+			return count(db, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`) > 0
+		}, 60*time.Second, 10*time.Millisecond)
+		require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+		err = cmd.Wait()
+		t.Logf("interrupted migrate:\n%s", out.String())
+		var exit *exec.ExitError
+		require.ErrorAs(t, err, &exit)
+		require.Equal(t, 1, exit.ExitCode())
+		require.Contains(t, out.String(), "UNAVAILABLE")
+		require.Contains(t, out.String(), want[0], "names the migration in flight")
+		require.Empty(t, ledger(t, db))
+		require.Equal(t, 0, db.MustCount(t, "SELECT count(*) FROM pg_proc WHERE proname = 'compute_now'"))
+
+		require.NoError(t, lock.Commit(ctx))
+		out.Reset()
+		cmd = exec.Command(bin, "migrate")
+		cmd.Env = processEnv(dbEnv(db)...)
+		cmd.Stdout = &out
+		cmd.Stderr = &out
+		require.NoError(t, cmd.Run(), out.String())
+		require.Equal(t, want, appliedIn(out.String()))
+		require.Equal(t, sorted(want), ledger(t, db))
+	})
+}

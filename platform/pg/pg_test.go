@@ -1,0 +1,578 @@
+package pg_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/platform/embedded"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func TestCommitBecameRollbackIsInternalError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	db.MustExec(t, "CREATE TABLE t (id int PRIMARY KEY)")
+
+	err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (1)"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO t VALUES (1)") // unique violation, swallowed
+		require.Equal(t, "23505", pg.SQLState(err))
+		return nil
+	})
+	require.Error(t, err)
+	require.Equal(t, fault.Internal, fault.CodeOf(err), "%v", err)
+	require.ErrorIs(t, err, pgx.ErrTxCommitRollback)
+	require.Equal(t, 0, db.MustCount(t, "SELECT count(*) FROM t"), "the first insert must have been rolled back")
+}
+
+func TestInTxCommitsAndRollsBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	db.MustExec(t, "CREATE TABLE t (id int PRIMARY KEY)")
+
+	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "INSERT INTO t VALUES (1)")
+		return err
+	}))
+	boom := errors.New("boom")
+	err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (2)"); err != nil {
+			return err
+		}
+		return boom
+	})
+	require.ErrorIs(t, err, boom, "fn's error is returned as is")
+	require.Equal(t, 1, db.MustCount(t, "SELECT count(*) FROM t"))
+	require.Equal(t, 1, db.MustCount(t, "SELECT id FROM t"))
+}
+
+func TestNestedInTxIsASavepoint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	db.MustExec(t, "CREATE TABLE t (id int PRIMARY KEY)")
+
+	inner := errors.New("inner failed")
+	err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (1)"); err != nil {
+			return err
+		}
+		// A failed statement inside the savepoint: only the savepoint is aborted.
+		err := pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (2)"); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO t VALUES (1)")
+			return err
+		})
+		require.Equal(t, "23505", pg.SQLState(err))
+		// An error returned by fn: the savepoint's work is rolled back.
+		err = pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (3)"); err != nil {
+				return err
+			}
+			return inner
+		})
+		require.ErrorIs(t, err, inner)
+		// A nested success is kept, even two levels down.
+		return pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
+			return pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, "INSERT INTO t VALUES (4)")
+				return err
+			})
+		})
+	})
+	require.NoError(t, err, "the outer transaction commits after the inner ones failed")
+	rows, err := db.Query(ctx, "SELECT id FROM t ORDER BY id")
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	require.Equal(t, []int32{1, 4}, ids)
+}
+
+func TestPanicRollsBackAndRepanics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true, MaxConns: 1})
+	db.MustExec(t, "CREATE TABLE t (id int PRIMARY KEY)")
+
+	require.PanicsWithValue(t, "kaboom", func() {
+		_ = pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (1)"); err != nil {
+				return err
+			}
+			panic("kaboom")
+		})
+	})
+	// With one connection, this also shows the connection went back to the pool
+	// (a leaked one would make this wait, then fail).
+	wait, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var n int
+	require.NoError(t, db.QueryRow(wait, "SELECT count(*) FROM t").Scan(&n))
+	require.Equal(t, 0, n)
+	require.Equal(t, 0, idleInTx(t, db.Name), "no session is left inside a transaction")
+
+	// A panic inside a savepoint rolls back the savepoint only if recovered above;
+	// unrecovered, the whole transaction goes.
+	require.Panics(t, func() {
+		_ = pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (2)"); err != nil {
+				return err
+			}
+			return pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error { panic("inner") })
+		})
+	})
+	require.Equal(t, 0, db.MustCount(t, "SELECT count(*) FROM t"))
+	require.Equal(t, 0, idleInTx(t, db.Name))
+}
+
+func TestTxOptions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	db.MustExec(t, "CREATE TABLE t (id int)")
+
+	iso := func(db pg.DBTX, opts *pg.TxOptions) (level string, readOnly string) {
+		t.Helper()
+		require.NoError(t, pg.InTx(ctx, db, opts, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, "SELECT current_setting('transaction_isolation'), current_setting('transaction_read_only')").Scan(&level, &readOnly)
+		}))
+		return level, readOnly
+	}
+	// Both the *pg.Pool and a type embedding it (the test DB) honour the options.
+	for name, d := range map[string]pg.DBTX{"pool": db.Pool, "embedding": db} {
+		t.Run(name, func(t *testing.T) {
+			lvl, ro := iso(d, nil)
+			require.Equal(t, "read committed", lvl)
+			require.Equal(t, "off", ro)
+			lvl, _ = iso(d, &pg.TxOptions{Isolation: pg.RepeatableRead})
+			require.Equal(t, "repeatable read", lvl)
+			lvl, _ = iso(d, &pg.TxOptions{Isolation: pg.Serializable})
+			require.Equal(t, "serializable", lvl)
+			lvl, ro = iso(d, &pg.TxOptions{ReadOnly: true})
+			require.Equal(t, "read committed", lvl)
+			require.Equal(t, "on", ro)
+
+			err := pg.InTx(ctx, d, &pg.TxOptions{ReadOnly: true}, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, "INSERT INTO t VALUES (1)")
+				return err
+			})
+			require.Equal(t, "25006", pg.SQLState(err), "a write in a read-only transaction fails: %v", err)
+
+			// The statement timeout is set with the options too.
+			var timeout string
+			require.NoError(t, pg.InTx(ctx, d, &pg.TxOptions{Isolation: pg.Serializable, ReadOnly: true}, func(tx pgx.Tx) error {
+				return tx.QueryRow(ctx, "SHOW statement_timeout").Scan(&timeout)
+			}))
+			require.Equal(t, "15s", timeout)
+		})
+	}
+	require.Equal(t, 0, db.MustCount(t, "SELECT count(*) FROM t"))
+}
+
+func TestApplicationNameIsSetLocal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	pool, err := pg.Open(ctx, pg.Options{URL: db.URL, MaxConns: 1, ApplicationName: "bc-o'test"})
+	require.NoError(t, err)
+	defer pool.Close()
+	for _, opts := range []*pg.TxOptions{nil, {Isolation: pg.RepeatableRead}, {ReadOnly: true}} {
+		var name string
+		require.NoError(t, pg.InTx(ctx, pool, opts, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, "SELECT current_setting('application_name')").Scan(&name)
+		}))
+		require.Equal(t, "bc-o'test", name, "options %+v", opts)
+	}
+	// Outside a transaction the session keeps nothing (PgBouncer safety).
+	var name string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_setting('application_name')").Scan(&name))
+	require.NotEqual(t, "bc-o'test", name)
+}
+
+func TestStatementTimeoutFiresAndDoesNotOutliveTheTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// One connection, so the SHOW below runs on the connection that timed out.
+	db := pgtest.New(t, pgtest.Options{Empty: true, MaxConns: 1, StatementTimeout: 200 * time.Millisecond})
+	require.Equal(t, 200*time.Millisecond, db.Pool.StatementTimeout())
+
+	var serverDefault string
+	require.NoError(t, db.QueryRow(ctx, "SELECT reset_val FROM pg_settings WHERE name = 'statement_timeout'").Scan(&serverDefault))
+
+	var inside string
+	err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, "SHOW statement_timeout").Scan(&inside); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "SELECT pg_sleep(5)")
+		return err
+	})
+	require.Equal(t, "200ms", inside)
+	require.Equal(t, "57014", pg.SQLState(err), "%v", err)
+	require.Equal(t, fault.Unavailable, fault.CodeOf(pg.Translate(err)))
+
+	var after string
+	require.NoError(t, db.QueryRow(ctx, "SHOW statement_timeout").Scan(&after))
+	require.Equal(t, "0", serverDefault)
+	require.Equal(t, "0", after, "the timeout was SET LOCAL and must not stay on the connection")
+
+	// The same connection is still usable by the next transaction.
+	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "SELECT pg_sleep(0.01)")
+		return err
+	}))
+	require.Equal(t, int32(1), db.Stat().TotalConns())
+}
+
+// TestCancelledContextCancelsTheStatement: cancelling the context (SIGINT in the
+// CLI) stops the statement on the server, so its transaction rolls back at once
+// and releases its locks, instead of running on behind a dropped connection.
+func TestCancelledContextCancelsTheStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true, MaxConns: 1})
+	db.MustExec(t, "CREATE TABLE t (id int)")
+	var pid uint32
+	require.NoError(t, db.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+
+	admin, err := pgx.Connect(ctx, pgtest.AdminURL(t))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	sleeping := func() (int, error) {
+		var n int
+		err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = $1 AND (wait_event = 'PgSleep' OR state LIKE 'idle in transaction%')`, db.Name).Scan(&n)
+		return n, err
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- pg.InTx(runCtx, db.Pool, nil, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(runCtx, "INSERT INTO t VALUES (1)"); err != nil {
+				return err
+			}
+			_, err := tx.Exec(runCtx, "SELECT pg_sleep(60)")
+			return err
+		})
+	}()
+	require.Eventually(t, func() bool { n, err := sleeping(); return err == nil && n > 0 }, 30*time.Second, 10*time.Millisecond)
+	cancel()
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("InTx did not return after its context was cancelled")
+	}
+	require.Error(t, err)
+	n, err := sleeping()
+	require.NoError(t, err)
+	require.Equal(t, 0, n, "the statement still runs on the server")
+	require.Equal(t, 0, db.MustCount(t, "SELECT count(*) FROM t"))
+	var after uint32
+	require.NoError(t, db.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&after))
+	require.Equal(t, pid, after, "the connection survived the cancel")
+}
+
+func TestSQLStateAndTranslate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	db.MustExec(t, `CREATE TABLE u (id int PRIMARY KEY);
+		CREATE TABLE x (during tstzrange, EXCLUDE USING gist (during WITH &&));
+		INSERT INTO u VALUES (1);
+		INSERT INTO x VALUES (tstzrange('2020-01-01', '2020-01-03'))`)
+
+	raise := func(state string) string {
+		return fmt.Sprintf("DO $$ BEGIN RAISE EXCEPTION 'raised' USING ERRCODE = '%s'; END $$", state)
+	}
+	for _, c := range []struct {
+		name  string
+		sql   string
+		state string
+		code  fault.Code
+	}{
+		{"unique", "INSERT INTO u VALUES (1)", "23505", fault.Conflict},
+		{"exclusion", "INSERT INTO x VALUES (tstzrange('2020-01-02', '2020-01-04'))", "23P01", fault.Conflict},
+		{"serialization", raise("40001"), "40001", fault.Conflict},
+		{"deadlock", raise("40P01"), "40P01", fault.Conflict},
+		{"timeout", "SET LOCAL statement_timeout = 10; SELECT pg_sleep(1)", "57014", fault.Unavailable},
+		{"admin shutdown", raise("57P01"), "57P01", fault.Unavailable},
+		{"too many connections", raise("53300"), "53300", fault.Unavailable},
+		{"division by zero", "SELECT 1/0", "22012", fault.Internal},
+		{"syntax", "SELEC 1", "42601", fault.Internal},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, c.sql)
+				return fmt.Errorf("wrapped: %w", err)
+			})
+			require.Error(t, err)
+			require.Equal(t, c.state, pg.SQLState(err))
+			tr := pg.Translate(err)
+			require.Equal(t, c.code, fault.CodeOf(tr), "%v", tr)
+			require.Equal(t, c.state, pg.SQLState(tr), "Translate keeps the cause")
+		})
+	}
+
+	t.Run("no rows", func(t *testing.T) {
+		var id int
+		err := db.QueryRow(ctx, "SELECT id FROM u WHERE id = 42").Scan(&id)
+		tr := pg.Translate(err)
+		require.Equal(t, fault.NotFound, fault.CodeOf(tr))
+		require.ErrorIs(t, tr, pgx.ErrNoRows)
+		require.Equal(t, "", pg.SQLState(err))
+	})
+	t.Run("missing database", func(t *testing.T) {
+		_, err := pg.Open(ctx, pg.Options{URL: pgtest.WithDatabase(db.URL, "bct_no_such_database")})
+		require.Equal(t, fault.InvalidConfig, fault.CodeOf(err), "%v", err)
+	})
+	t.Run("passthrough", func(t *testing.T) {
+		require.NoError(t, pg.Translate(nil))
+		require.Equal(t, "", pg.SQLState(nil))
+		coded := fault.New(fault.Fenced, "lost the lease")
+		require.Same(t, coded, pg.Translate(coded))
+		plain := errors.New("plain")
+		require.Equal(t, plain, pg.Translate(plain))
+		require.Equal(t, fault.Internal, fault.CodeOf(pg.Translate(plain)))
+	})
+}
+
+// idleInTx counts the sessions of database name left inside a transaction.
+func idleInTx(t *testing.T, name string) int {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, pgtest.AdminURL(t))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	var n int
+	require.NoError(t, admin.QueryRow(ctx,
+		"SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND state LIKE 'idle in transaction%'", name).Scan(&n))
+	return n
+}
+
+// TestTerminatedConnectionsAreReplaced kills every pooled connection from another
+// session; the next transaction runs on a fresh connection.
+func TestTerminatedConnectionsAreReplaced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const size = 4
+	db := pgtest.New(t, pgtest.Options{Empty: true, MaxConns: size})
+
+	// Fill the pool: size connections checked out at once, then all released.
+	pids := map[uint32]bool{}
+	var conns []interface{ Release() }
+	for range size {
+		c, err := db.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		pids[c.Conn().PgConn().PID()] = true
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	require.Len(t, pids, size)
+	require.Equal(t, int32(size), db.Stat().IdleConns())
+
+	admin, err := pgx.Connect(ctx, pgtest.AdminURL(t))
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	var killed int
+	require.NoError(t, admin.QueryRow(ctx,
+		"SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000)) FROM pg_stat_activity WHERE datname = $1",
+		db.Name).Scan(&killed))
+	require.Equal(t, size, killed)
+
+	// Every pooled connection is now dead; several transactions in a row (and at
+	// once) all succeed on fresh ones.
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*size)
+	newPIDs := make(chan uint32, 2*size)
+	for range 2 * size {
+		wg.Go(func() {
+			errs <- pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+				var pid uint32
+				if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+					return err
+				}
+				newPIDs <- pid
+				return nil
+			})
+		})
+	}
+	wg.Wait()
+	close(errs)
+	close(newPIDs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	for pid := range newPIDs {
+		require.False(t, pids[pid], "ran on a terminated backend %d", pid)
+	}
+
+	// Pool.Begin (the helper's begin, used by River-facing code) recovers too.
+	var alive int
+	require.NoError(t, admin.QueryRow(ctx,
+		"SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000)) FROM pg_stat_activity WHERE datname = $1",
+		db.Name).Scan(&alive))
+	require.Positive(t, alive)
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	var one int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT 1").Scan(&one))
+	require.NoError(t, tx.Commit(ctx))
+}
+
+// TestServerRestart restarts the shared embedded cluster, so it must not overlap
+// with any other test of this binary: it does not call t.Parallel, and Go runs
+// the parallel tests only after every sequential one has finished.
+func TestServerRestart(t *testing.T) {
+	c := pgtest.Cluster(t)
+	if c == nil {
+		t.Skip("TEST_DATABASE_URL is set: the server is not ours to restart")
+	}
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true, MaxConns: 3})
+	var before uint32
+	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&before)
+	}))
+	_, err := db.Exec(ctx, "SELECT 1")
+	require.NoError(t, err)
+
+	require.NoError(t, c.Restart(ctx, embedded.Options{Fast: true}))
+
+	var after uint32
+	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&after)
+	}))
+	require.NotEqual(t, before, after)
+	// The cluster keeps serving new databases too.
+	db2 := pgtest.New(t, pgtest.Options{Empty: true})
+	require.Equal(t, 1, db2.MustCount(t, "SELECT 1"))
+}
+
+// The password used in the error tests; it must never appear in an error.
+const secret = "Sup3r-s3cret-pw"
+
+func requireNoSecret(t *testing.T, err error) {
+	t.Helper()
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), secret)
+	require.NotContains(t, err.Error(), strings.ToLower(secret))
+}
+
+func TestOpenErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("malformed", func(t *testing.T) {
+		for _, u := range []string{
+			"postgres://bob:" + secret + "@127.0.0.1:notaport/db",
+			"postgres://bob:" + secret + "@127.0.0.1:5432/db?sslmode=bogus",
+			"postgres://bob:" + secret + "@[::1/db",
+			"host=127.0.0.1 port=notaport user=bob password=" + secret + " dbname=db",
+			"host=127.0.0.1 user=bob password='" + secret + "' dbname=db sslmode=bogus",
+		} {
+			_, err := pg.Open(ctx, pg.Options{URL: u})
+			requireNoSecret(t, err)
+			require.Equal(t, fault.InvalidConfig, fault.CodeOf(err), "%s: %v", pg.RedactURL(u), err)
+		}
+	})
+
+	t.Run("unreachable", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		port := l.Addr().(*net.TCPAddr).Port
+		require.NoError(t, l.Close())
+		for _, u := range []string{
+			fmt.Sprintf("postgres://bob:%s@127.0.0.1:%d/db?connect_timeout=5", secret, port),
+			fmt.Sprintf("host=127.0.0.1 port=%d user=bob password=%s dbname=db connect_timeout=5", port, secret),
+		} {
+			_, err := pg.Open(ctx, pg.Options{URL: u})
+			requireNoSecret(t, err)
+			require.Equal(t, fault.Unavailable, fault.CodeOf(err), "%v", err)
+		}
+	})
+
+	t.Run("redact", func(t *testing.T) {
+		u := "postgres://bob:" + secret + "@db.example:5432/app"
+		require.NotContains(t, pg.RedactURL(u), secret)
+		require.Contains(t, pg.RedactURL(u), "bob:xxxxx@db.example")
+		require.Equal(t, "error near xxxxx", pg.Redact("error near "+secret, u))
+		esc := "postgres://bob:p%40ss%2Fw0rd@db.example/app"
+		require.NotContains(t, pg.RedactURL(esc), "p@ss/w0rd")
+		require.NotContains(t, pg.Redact("a p@ss/w0rd b p%40ss%2Fw0rd", esc), "w0rd")
+		kv := "host=db user=bob password=" + secret + " dbname=app"
+		require.NotContains(t, pg.RedactURL(kv), secret)
+	})
+}
+
+// TestWrongPassword runs a cluster of its own that asks for passwords (the
+// shared test cluster trusts every login), and checks that a refused login is
+// UNAVAILABLE and that the password is not echoed.
+func TestWrongPassword(t *testing.T) {
+	t.Parallel()
+	if _, err := embedded.FindBin(""); err != nil {
+		t.Skip("no PostgreSQL binaries for a second cluster:", err)
+	}
+	ctx := context.Background()
+	// The server runs as an unprivileged user when the tests run as root, so
+	// its files live in a directory others can enter.
+	root, err := os.MkdirTemp("", "bc-pg-password-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	require.NoError(t, os.Chmod(root, 0o755))
+	hba := filepath.Join(root, "pg_hba.conf")
+	require.NoError(t, os.WriteFile(hba, []byte(
+		"host all postgres 127.0.0.1/32 trust\n"+
+			"host all all 127.0.0.1/32 scram-sha-256\n"), 0o644))
+	c, err := embedded.Start(ctx, embedded.Options{
+		Dir: filepath.Join(root, "data"), Fast: true,
+		Settings: map[string]string{"hba_file": hba},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Stop() })
+
+	admin, err := pgx.Connect(ctx, c.DatabaseURL("postgres"))
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, "CREATE ROLE bob LOGIN PASSWORD '"+secret+"'")
+	require.NoError(t, err)
+	require.NoError(t, admin.Close(ctx))
+
+	good := fmt.Sprintf("postgres://bob:%s@127.0.0.1:%d/postgres?sslmode=disable", secret, c.Port())
+	pool, err := pg.Open(ctx, pg.Options{URL: good})
+	require.NoError(t, err, "the right password logs in")
+	pool.Close()
+
+	for _, u := range []string{
+		fmt.Sprintf("postgres://bob:%s@127.0.0.1:%d/postgres?sslmode=disable", "wrong-"+secret, c.Port()),
+		fmt.Sprintf("host=127.0.0.1 port=%d user=bob password=wrong-%s dbname=postgres sslmode=disable", c.Port(), secret),
+	} {
+		_, err := pg.Open(ctx, pg.Options{URL: u})
+		requireNoSecret(t, err)
+		require.Equal(t, fault.Unavailable, fault.CodeOf(err), "%v", err)
+		require.Contains(t, err.Error(), "password authentication failed")
+	}
+}
