@@ -54,16 +54,20 @@ func BenchmarkThroughput(b *testing.B) {
 	db.MustExec(b, `INSERT INTO bench_items (key) SELECT 'k' || g FROM generate_series(1, $1) g`, benchJobs)
 	idleRSS := rssKB()
 
-	var rawRate, fencedRate, peakRSS float64
+	var rawRate, fencedRate, e2eRate, peakRSS float64
 	for i := 0; i < b.N; i++ {
 		rawRate = benchRawRiver(b, db)
 		var rss float64
 		fencedRate, rss = benchFenced(b, db)
 		peakRSS = max(peakRSS, rss)
+		e2eRate, rss = benchEndToEnd(b, db)
+		peakRSS = max(peakRSS, rss)
 	}
 	tps := pgbenchTPS(b, db, 16, 10*time.Second)
 	b.ReportMetric(rawRate, "raw_river_jobs/s")
 	b.ReportMetric(fencedRate, "fenced_reconciles/s")
+	b.ReportMetric(e2eRate, "e2e_dirty+reconcile/s")
+	b.ReportMetric(e2eRate/tps, "e2e/pgbench")
 	b.ReportMetric(tps, "pgbench_N_tps")
 	b.ReportMetric(fencedRate/tps, "fenced/pgbench")
 	b.ReportMetric(fencedRate/rawRate, "fenced/raw")
@@ -127,6 +131,51 @@ func benchFenced(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
 	workertest.WaitFor(b, 5*time.Minute, "reconciles done", func() bool {
 		peakRSS = max(peakRSS, float64(rssKB()))
 		return db.MustCount(b, `SELECT count(*) FROM compute_dirty WHERE kind = 'bench'`) == 0
+	})
+	rate = benchJobs / time.Since(start).Seconds()
+	require.NoError(b, rt.Stop(ctx))
+	return rate, peakRSS
+}
+
+// benchEndToEnd times the whole path with the workers running: 8 writers each
+// commit one change-and-Dirty per transaction (the application's side), and the
+// clock stops when every key is reconciled.
+func benchEndToEnd(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
+	ctx := context.Background()
+	reg := workers.NewRegistry()
+	require.NoError(b, reg.Reconciler(workers.Reconciler{Kind: "bench_e2e",
+		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
+			_, err := tx.Exec(ctx, `UPDATE bench_items SET n = n + 1 WHERE key = $1`, key)
+			return workers.Result{}, err
+		}}))
+	rt := workertest.Start(b, db.Pool, reg, &workers.Options{WorkersPerShard: 4})
+	start := time.Now()
+	const writers = 8
+	errs := make(chan error, writers)
+	for w := 0; w < writers; w++ {
+		go func() {
+			for j := w; j < benchJobs; j += writers {
+				key := "k" + strconv.Itoa(j+1)
+				err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `UPDATE bench_items SET n = n + 1 WHERE key = $1`, key); err != nil {
+						return err
+					}
+					return jobs.Dirty(ctx, tx, "bench_e2e", key, nil)
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for w := 0; w < writers; w++ {
+		require.NoError(b, <-errs)
+	}
+	workertest.WaitFor(b, 5*time.Minute, "reconciles done", func() bool {
+		peakRSS = max(peakRSS, float64(rssKB()))
+		return db.MustCount(b, `SELECT count(*) FROM compute_dirty WHERE kind = 'bench_e2e'`) == 0
 	})
 	rate = benchJobs / time.Since(start).Seconds()
 	require.NoError(b, rt.Stop(ctx))

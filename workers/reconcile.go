@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,6 +60,12 @@ func (w *reconcileWorker) work(ctx context.Context, job *river.Job[jobs.Reconcil
 	var dirtied []time.Time
 	err := InTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
 		dirtied = dirtied[:0]
+		type done struct {
+			key string
+			gen int64
+			res Result
+		}
+		var finished []done
 		var gen int64
 		var at time.Time
 		err := tx.QueryRow(ctx, `SELECT gen, dirtied_at FROM compute_dirty WHERE kind = $1 AND key = $2`,
@@ -72,56 +80,61 @@ func (w *reconcileWorker) work(ctx context.Context, job *river.Job[jobs.Reconcil
 			if err != nil {
 				return err
 			}
-			if err := finish(ctx, tx, kind, job.Args.Key, gen, res); err != nil {
-				return err
-			}
+			finished = append(finished, done{job.Args.Key, gen, res})
 			dirtied = append(dirtied, at)
 		}
-		if batch <= 1 {
-			return nil
-		}
-		// Batching: more due keys of this reconciler and shard, in this same
-		// fenced transaction, one commit for all.
-		rows, err := tx.Query(ctx, claimSQL, job.Queue, time.Now(), kind, batch-1)
-		if err != nil {
-			return err
-		}
-		type claimed struct {
-			id    int64
-			key   string
-			gen   int64
-			dirty time.Time
-		}
-		var more []claimed
-		for rows.Next() {
-			var c claimed
-			if err := rows.Scan(&c.id, &c.key, &c.gen, &c.dirty); err != nil {
-				rows.Close()
+		var ids []int64
+		if batch > 1 {
+			// Batching: more due keys of this reconciler and shard, in this same
+			// fenced transaction, one commit for all.
+			rows, err := tx.Query(ctx, claimSQL, job.Queue, time.Now(), kind, batch-1)
+			if err != nil {
 				return err
 			}
-			more = append(more, c)
+			type claimed struct {
+				id    int64
+				key   string
+				gen   int64
+				dirty time.Time
+			}
+			var more []claimed
+			for rows.Next() {
+				var c claimed
+				if err := rows.Scan(&c.id, &c.key, &c.gen, &c.dirty); err != nil {
+					rows.Close()
+					return err
+				}
+				more = append(more, c)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			for _, c := range more {
+				res, err := rec.Reconcile(ctx, tx, c.key)
+				if err != nil {
+					rt.log.Warn().Err(err).Str("reconciler", kind).Str("key", c.key).Msg("a batched key failed; its own job will retry it")
+					return fmt.Errorf("%w: %s/%s: %w", errBatchKey, kind, c.key, err)
+				}
+				finished = append(finished, done{c.key, c.gen, res})
+				ids = append(ids, c.id)
+				dirtied = append(dirtied, c.dirty)
+			}
 		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
+		// The dirty rows last, in key order: a writer locks its domain row before
+		// the dirty row, so holding dirty rows only at the end keeps waits short
+		// and one-directional.
+		slices.SortFunc(finished, func(a, b done) int { return strings.Compare(a.key, b.key) })
+		for _, f := range finished {
+			if err := finish(ctx, tx, kind, f.key, f.gen, f.res); err != nil {
+				return err
+			}
 		}
-		if len(more) == 0 {
+		if len(ids) == 0 {
 			return nil
 		}
-		ids := make([]int64, len(more))
-		for i, c := range more {
-			res, err := rec.Reconcile(ctx, tx, c.key)
-			if err == nil {
-				err = finish(ctx, tx, kind, c.key, c.gen, res)
-			}
-			if err != nil {
-				rt.log.Warn().Err(err).Str("reconciler", kind).Str("key", c.key).Msg("a batched key failed; its own job will retry it")
-				return fmt.Errorf("%w: %s/%s: %w", errBatchKey, kind, c.key, err)
-			}
-			ids[i] = c.id
-			dirtied = append(dirtied, c.dirty)
-		}
-		// Their jobs are done in this transaction too, attempted by this process.
+		// The batched keys' jobs are done in this transaction too, attempted by
+		// this process.
 		_, err = tx.Exec(ctx, `UPDATE river_job SET state = 'completed', attempt = attempt + 1,
 			attempted_at = $2, finalized_at = $2, attempted_by = array_append(attempted_by, $3)
 			WHERE id = ANY($1) AND state = 'available'`, ids, time.Now(), rt.o.Owner)

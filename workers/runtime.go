@@ -69,7 +69,7 @@ type Runtime struct {
 	runCancel context.CancelFunc
 	keeperWG  sync.WaitGroup
 
-	mu      sync.Mutex
+	mu       sync.Mutex
 	inFlight map[string]map[int64]context.CancelCauseFunc // queue -> job id -> cancel
 	queueOps chan queueOp
 	opsDone  chan struct{}
