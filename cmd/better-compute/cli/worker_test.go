@@ -1,0 +1,80 @@
+package cli_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+)
+
+func TestShardSet(t *testing.T) {
+	t.Parallel()
+	for spec, want := range map[string][]int{
+		"all":       {0, 1, 2, 3},
+		"0-3":       {0, 1, 2, 3},
+		"1,3":       {1, 3},
+		"0-1,3,1":   {0, 1, 3},
+		" 2 - 2 ":   nil, // malformed: spaces inside a range are not a number
+		"":          nil,
+		"4":         nil, // out of range
+		"2-1":       nil,
+		"a":         nil,
+		"-1":        nil,
+		"0-9999999": nil,
+	} {
+		got, err := cli.ShardSet(spec, 4)
+		if want == nil {
+			require.Truef(t, fault.Has(err, fault.InvalidConfig), "%q: want INVALID_CONFIG, got %v %v", spec, got, err)
+			continue
+		}
+		require.NoError(t, err, spec)
+		require.Equal(t, want, got, spec)
+	}
+}
+
+// TestWorkerBadShards: a malformed --shards fails before anything starts (here,
+// against a database that does not exist), and an out-of-range one fails with
+// INVALID_CONFIG naming the deployment's shard count.
+func TestWorkerBadShards(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=postgres://nobody@127.0.0.1:1/none"}, "worker", "--shards", "0-x")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "INVALID_CONFIG")
+	require.Contains(t, r.stderr, `--shards "0-x"`)
+
+	db := pgtest.New(t)
+	r = run(t, ctx, cli.App{}, dbEnv(db), "worker", "--no-migrate", "--shards", "3,16")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "INVALID_CONFIG")
+	require.Contains(t, r.stderr, "16 shards (0-15)")
+}
+
+// TestWorkerRunsAndStops: the worker command works its shards until its context
+// ends, then stops gracefully and releases its leases.
+func TestWorkerRunsAndStops(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan result, 1)
+	go func() {
+		done <- run(t, ctx, cli.App{}, append(dbEnv(db), "BETTER_COMPUTE_LEASE_RENEW=200ms", "BETTER_COMPUTE_LEASE_TTL=1s"),
+			"worker", "--shards", "0-3")
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE expires_at > compute_now()`) < 4 {
+		require.True(t, time.Now().Before(deadline), "the worker did not take shards 0-3")
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Equal(t, 4, db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE name IN ('shard/0','shard/1','shard/2','shard/3')`))
+	cancel()
+	r := <-done
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE expires_at > compute_now()`), "leases released on stop")
+}
