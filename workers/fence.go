@@ -35,6 +35,10 @@ func InTx[T river.JobArgs](ctx context.Context, job *river.Job[T], fn func(ctx c
 	if rt == nil {
 		return fault.New(fault.Internal, "workers.InTx: no Runtime in the job's context (is the job worked by a workers.Runtime?)")
 	}
+	if _, isShard := shardOfQueue(job.Queue); !isShard {
+		// A programming error, not a lost lease: snoozing would loop for ever.
+		return fault.New(fault.Internal, "workers.InTx: job %d is in queue %s, not a shard queue (insert it with jobs.ShardQueue, or fence it with InTxLease)", job.ID, job.Queue)
+	}
 	l, ok := rt.leaseForQueue(job.Queue)
 	if !ok {
 		rt.metrics.fenced(job.Queue)
