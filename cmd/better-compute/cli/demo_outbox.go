@@ -1,0 +1,128 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/migrations"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers"
+	outboxw "github.com/bettercompute/bettercompute/workers/outbox"
+)
+
+func init() {
+	demos = append(demos, Demo{
+		Name:   "outbox",
+		Module: demoOutboxModule,
+		Run: func(ctx context.Context, s *Session, rt *workers.Runtime) {
+			runOutboxDemo(ctx, s, rt.Pool(), 2*time.Second)
+		},
+	})
+}
+
+// DemoOutboxTopic is the topic of the demo's events: watch them with
+//
+//	curl -N 'http://127.0.0.1:8080/v1/events?topics=demo.order_placed&from=start'
+const DemoOutboxTopic = "demo.order_placed"
+
+// demoConfirmation is a row of demo_outbox_confirmations, as the demo
+// dispatcher publishes it.
+type demoConfirmation struct {
+	ID       string `json:"id"`
+	Customer string `json:"customer"`
+	OrderID  int64  `json:"order_id"`
+	Amount   int    `json:"amount"`
+	Attempts int    `json:"attempts"`
+}
+
+// demoConfirmations is the demo's table dispatcher: it "sends" each order's
+// confirmation (a log line), in order per customer, failing now and then to
+// show a retry.
+var demoConfirmations = func() *outboxw.Dispatcher[demoConfirmation] {
+	d, err := outboxw.NewDispatcher(outboxw.DispatcherOptions[demoConfirmation]{
+		Name: "demo_confirmations", Table: "demo_outbox_confirmations", OrderBy: "customer", Sequence: "seq",
+		Publish: func(ctx context.Context, c demoConfirmation) error {
+			if rand.IntN(10) == 0 && c.Attempts == 0 {
+				return fmt.Errorf("demo: the mail server is busy (order %d); retried in 2 s", c.OrderID)
+			}
+			if rt := workers.RuntimeFrom(ctx); rt != nil {
+				log := rt.Log()
+				log.Info().Str("customer", c.Customer).Int64("order", c.OrderID).Int("amount", c.Amount).
+					Str("idempotency_key", c.ID).Int("attempts", c.Attempts).Msg("outbox demo dispatcher: confirmation sent")
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	return d
+}()
+
+// demoOutboxModule is the outbox demo (registered by dev only): a log sink that
+// prints every demo event, and the confirmations dispatcher.
+func demoOutboxModule() Module {
+	sub, _ := fs.Sub(migrations.FS, "demo_outbox")
+	return Module{
+		Name:       "demo_outbox",
+		Migrations: sub,
+		Register: func(r *workers.Registry) error {
+			if err := outboxw.RegisterSink(r, outboxw.Sink{
+				Name:   "demo_log",
+				Topics: []string{DemoOutboxTopic},
+				Handle: func(ctx context.Context, events []outboxw.Event) error {
+					log := workers.RuntimeFrom(ctx).Log()
+					for _, e := range events {
+						log.Info().Str("event", e.ID.String()).Str("topic", e.Topic).Str("key", e.Key).
+							RawJSON("payload", e.Payload).Msg("outbox demo sink: event delivered")
+					}
+					return nil
+				},
+			}); err != nil {
+				return err
+			}
+			return outboxw.RegisterDispatcher(r, demoConfirmations)
+		},
+	}
+}
+
+// runOutboxDemo places an order every interval until ctx is done: one
+// transaction inserts the order, appends its event and writes its confirmation
+// to the outbox table; after the commit, Notify starts a dispatcher pass.
+func runOutboxDemo(ctx context.Context, s *Session, db *pg.Pool, every time.Duration) {
+	customers := []string{"ada", "grace", "edsger", "barbara", "ken"}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		customer, amount := customers[rand.IntN(len(customers))], 1+rand.IntN(100)
+		err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+			var id int64
+			if err := tx.QueryRow(ctx, `INSERT INTO demo_outbox_orders (customer, amount) VALUES ($1, $2) RETURNING id`, customer, amount).Scan(&id); err != nil {
+				return err
+			}
+			if err := outbox.Append(ctx, tx, outbox.Message{Topic: DemoOutboxTopic, Key: customer,
+				Payload: map[string]any{"order": id, "customer": customer, "amount": amount}}); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO demo_outbox_confirmations (customer, order_id, amount) VALUES ($1, $2, $3)`, customer, id, amount)
+			return err
+		})
+		if err == nil {
+			err = demoConfirmations.Notify(ctx, db)
+		}
+		if err != nil && ctx.Err() == nil {
+			s.Log.Warn().Err(err).Msg("outbox demo: placing an order failed")
+		}
+	}
+}

@@ -1,0 +1,52 @@
+package cli
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/platform/migrate"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers"
+	outboxw "github.com/bettercompute/bettercompute/workers/outbox"
+	"github.com/bettercompute/bettercompute/workers/workertest"
+)
+
+// TestOutboxDemo runs dev's outbox demo on a worker: its orders' events reach
+// the log sink (and so the event stream), and its confirmations are
+// dispatched and deleted.
+func TestOutboxDemo(t *testing.T) {
+	t.Parallel()
+	m := demoOutboxModule()
+	ms, err := migrate.FromFS(m.Name, m.Migrations)
+	require.NoError(t, err)
+	db := pgtest.New(t, pgtest.Options{Groups: []migrate.Group{{Owner: m.Name, Migrations: ms}}})
+	reg := workers.NewRegistry()
+	require.NoError(t, outboxw.Configure(reg, outboxw.Options{PollEvery: 20 * time.Millisecond}))
+	require.NoError(t, m.Register(reg))
+	rt := workertest.Start(t, db.Pool, reg, nil)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); runOutboxDemo(ctx, &Session{Log: rt.Log()}, db.Pool, 50*time.Millisecond) }()
+	workertest.WaitFor(t, 30*time.Second, "demo orders", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM demo_outbox_orders`) >= 5
+	})
+	cancel()
+	<-done
+	orders := db.MustCount(t, `SELECT count(*) FROM demo_outbox_orders`)
+	require.Equal(t, orders, db.MustCount(t, `SELECT count(*) FROM compute_events WHERE topic = $1`, DemoOutboxTopic), "one event per order, in its transaction")
+	workertest.WaitFor(t, 30*time.Second, "the log sink delivered every event", func() bool {
+		s, err := outbox.GetSink(context.Background(), db.Pool, "demo_log")
+		require.NoError(t, err)
+		return s.Delivered == int64(orders) && s.LagRows == 0
+	})
+	workertest.WaitFor(t, 30*time.Second, "every confirmation dispatched", func() bool {
+		_, err := demoConfirmations.Reconcile(context.Background(), db.Pool)
+		require.NoError(t, err)
+		return db.MustCount(t, `SELECT count(*) FROM demo_outbox_confirmations`) == 0
+	})
+}

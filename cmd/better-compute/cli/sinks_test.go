@@ -1,0 +1,111 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers"
+	outboxw "github.com/bettercompute/bettercompute/workers/outbox"
+)
+
+// runSinks runs `better-compute sinks args…` in-process with app against db.
+func runSinks(t *testing.T, app cli.App, db *pgtest.DB, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := cli.Run(context.Background(), app, append([]string{"sinks"}, args...), cli.Env{
+		Stdout: &stdout, Stderr: &stderr,
+		Environ: []string{"BETTER_COMPUTE_DATABASE_URL=" + db.URL, "BETTER_COMPUTE_LOG_LEVEL=warn"},
+	})
+	t.Logf("sinks %s: exit %d\n%s%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
+	return code, stdout.String(), stderr.String()
+}
+
+func TestSinksVerbs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	// An application module registers a sink; no worker has run yet.
+	app := cli.App{Modules: []cli.Module{{Name: "billing", Register: func(r *workers.Registry) error {
+		return outboxw.RegisterSink(r, outboxw.Sink{Name: "billing", Handle: func(context.Context, []outboxw.Event) error { return nil }})
+	}}}}
+	for i := 0; i < 3; i++ {
+		require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+			return outbox.Append(ctx, tx, outbox.Message{Topic: "usage", Key: "k"})
+		}))
+	}
+	var firstID string
+	require.NoError(t, db.QueryRow(ctx, `SELECT txid::text || ':' || seq FROM compute_events ORDER BY txid, seq LIMIT 1`).Scan(&firstID))
+	first, err := outbox.ParseCursor(firstID)
+	require.NoError(t, err)
+
+	code, out, _ := runSinks(t, app, db, "list")
+	require.Zero(t, code)
+	require.Regexp(t, `NAME\s+CURSOR\s+LAG ROWS\s+LAG AGE\s+PAUSED`, out)
+	require.Regexp(t, `billing\s+0:0\s+3\s+\S+\s+false`, out)
+
+	code, out, _ = runSinks(t, app, db, "pause", "billing")
+	require.Zero(t, code)
+	require.Equal(t, "sink billing paused\n", out)
+	code, out, _ = runSinks(t, app, db, "list", "--json")
+	require.Zero(t, code)
+	var listed []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &listed))
+	require.Len(t, listed, 1)
+	require.Equal(t, true, listed[0]["paused"])
+	require.EqualValues(t, 3, listed[0]["lag_rows"])
+	code, _, _ = runSinks(t, app, db, "resume", "billing")
+	require.Zero(t, code)
+
+	// reset NAME --to …: flags after the name work.
+	code, out, _ = runSinks(t, app, db, "reset", "billing", "--to", first.String())
+	require.Zero(t, code)
+	require.Contains(t, out, "sink billing reset to "+first.String()+" (was 0:0)")
+	s, err := outbox.GetSink(ctx, db.Pool, "billing")
+	require.NoError(t, err)
+	require.EqualValues(t, 2, s.LagRows)
+	require.False(t, s.Paused)
+	code, _, _ = runSinks(t, app, db, "--to", "end", "reset", "billing")
+	require.Zero(t, code)
+	s, err = outbox.GetSink(ctx, db.Pool, "billing")
+	require.NoError(t, err)
+	require.Zero(t, s.LagRows)
+	code, _, _ = runSinks(t, app, db, "reset", "billing")
+	require.Zero(t, code, "the default is start")
+	s, err = outbox.GetSink(ctx, db.Pool, "billing")
+	require.NoError(t, err)
+	require.True(t, s.Cursor.IsZero())
+
+	// Errors: unknown sink, bad position, bad verbs.
+	code, _, errOut := runSinks(t, app, db, "pause", "nope")
+	require.Equal(t, 1, code)
+	require.Equal(t, "NOT_FOUND: unknown sink \"nope\": known sinks: billing\n", errOut)
+	code, _, errOut = runSinks(t, cli.App{}, db, "reset", "nope", "--to", "end")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, `NOT_FOUND: unknown sink "nope"`)
+	code, _, errOut = runSinks(t, app, db, "reset", "billing", "--to", "yesterday")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, `INVALID_ARGUMENT: sinks reset --to "yesterday": want start, end or TXID:SEQ`)
+	for _, args := range [][]string{{}, {"frob"}, {"pause"}, {"pause", "a", "b"}, {"list", "x"}} {
+		code, _, errOut = runSinks(t, app, db, args...)
+		require.Equal(t, 1, code, args)
+		require.Contains(t, errOut, "INVALID_ARGUMENT: sinks", args)
+	}
+}
+
+func TestSinksListWithoutSinks(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	code, out, _ := runSinks(t, cli.App{}, db, "list")
+	require.Zero(t, code)
+	require.Contains(t, out, "no sinks")
+}

@@ -1,0 +1,56 @@
+// Package outbox runs the outbox's two delivery paths on River workers (the SQL
+// is in domain/outbox). Import it beside domain/outbox, for example as outboxw.
+//
+// # Sinks (the event log)
+//
+// RegisterSink adds a named consumer of the event log to a worker registry.
+// Every worker process then
+//
+//   - creates the sink's state at start (its cursor at Sink.From),
+//   - polls, every Options.PollEvery, for sinks that have events after their
+//     cursor and no live delivery job, and starts one (River job
+//     outbox_deliver, maintenance queue): one live job per sink, whatever the
+//     number of processes,
+//   - hands back the delivery job of a process that died (its sink lease
+//     expired while the job was running), so the batch is delivered again
+//     within a lease TTL instead of River's one-hour rescue.
+//
+// A delivery job takes the sink's lease (sink/<name>, LeaseTTL, renewed every
+// LeaseRenew while it runs), reads a batch, calls the handler outside any
+// transaction, and moves the cursor in a transaction fenced by the lease and the
+// job's attempt (workers.Fence, workers.InTxLease). While batches come back full
+// it goes on (up to 2 s), then hands over to a fresh job. A handler error is
+// retried with backoff (1 s, 2 s … Options.SinkMaxBackoff); other sinks have
+// their own jobs and go on.
+//
+// Guarantees: at least once, in (txid, seq) order per sink; a process that lost
+// its lease (paused, partitioned) cannot move the cursor; a crash between the
+// handler and the cursor advance redelivers the batch. Make the handler
+// idempotent with each event's ID (TXID:SEQ).
+//
+// # Table dispatchers
+//
+// NewDispatcher defines a dispatcher over an application-owned outbox table
+// (seed 003's "Deliver an outbox"); RegisterDispatcher runs its passes as River
+// jobs (outbox_dispatch, maintenance queue) every ReconcileInterval and on
+// Notify. A pass claims batches until no row is due; Reconcile runs one in the
+// calling process and returns the count (a call while a pass of the same
+// dispatcher runs in this process joins it). Guarantees are those of
+// domain/outbox's claim (per key in order, different keys in parallel, retries
+// without end after 2, 4 … 256 s, one claim at a time across replicas) plus: a
+// batch that outlives its claim timeout starts no further publish, and each
+// publish's context ends at the claim's deadline.
+//
+// # Retention
+//
+// A periodic job (outbox_retention, every Options.RetentionEvery) deletes, in
+// bounded batches, the events every sink has delivered and that are older than
+// Options.Retain (the SSE replay window, 24 h by default).
+//
+// # Caveat
+//
+// Delivery jobs and passes share the maintenance queue (4 workers per process)
+// with other housekeeping. A slow handler or publish holds one of them while it
+// runs: bound handlers with a deadline, and run more worker processes for many
+// slow sinks.
+package outbox

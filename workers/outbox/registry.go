@@ -1,0 +1,206 @@
+package outbox
+
+import (
+	"context"
+	"runtime"
+	"sort"
+	"sync"
+	"time"
+	"weak"
+
+	"github.com/riverqueue/river"
+
+	dom "github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers"
+)
+
+// Options configure the outbox machinery of one worker registry.
+type Options struct {
+	// PollEvery is how often each worker process checks its idle sinks for new
+	// events and starts their delivery (default 50 ms). No LISTEN/NOTIFY: the
+	// commit-to-delivery latency is about PollEvery plus River's poll interval.
+	PollEvery time.Duration
+	// Retain is the replay window: retention never deletes an event younger
+	// than this, even when every sink has passed it, so SSE clients can resume
+	// within it (default 24 h).
+	Retain time.Duration
+	// RetentionEvery is how often the retention job runs (default 1 min).
+	RetentionEvery time.Duration
+	// RetentionBatch is the most events one retention statement deletes
+	// (default 10,000); RetentionMaxBatches bounds one run (default 100).
+	RetentionBatch      int
+	RetentionMaxBatches int
+	// SinkMaxBackoff caps the wait before a failed delivery is retried: 1 s,
+	// 2 s, 4 s … up to this (default 1 min).
+	SinkMaxBackoff time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.PollEvery <= 0 {
+		o.PollEvery = 50 * time.Millisecond
+	}
+	if o.Retain <= 0 {
+		o.Retain = 24 * time.Hour
+	}
+	if o.RetentionEvery <= 0 {
+		o.RetentionEvery = time.Minute
+	}
+	if o.RetentionBatch <= 0 {
+		o.RetentionBatch = 10000
+	}
+	if o.RetentionMaxBatches <= 0 {
+		o.RetentionMaxBatches = 100
+	}
+	if o.SinkMaxBackoff <= 0 {
+		o.SinkMaxBackoff = time.Minute
+	}
+	return o
+}
+
+// state is the outbox machinery of one registry: its options, sinks and
+// dispatchers. Workers, the retention job and the start hook are registered
+// once per registry, by the first Install.
+type state struct {
+	mu          sync.Mutex
+	opts        Options
+	sinks       map[string]*Sink
+	dispatchers map[string]passer
+	busy        map[string]chan struct{} // per sink: held while a delivery runs in this process
+}
+
+var (
+	statesMu sync.Mutex
+	states   = map[weak.Pointer[workers.Registry]]*state{}
+)
+
+// stateOf returns reg's state, installing the machinery on first use.
+func stateOf(reg *workers.Registry) *state {
+	wp := weak.Make(reg)
+	statesMu.Lock()
+	st, ok := states[wp]
+	if !ok {
+		st = &state{opts: Options{}.withDefaults(), sinks: map[string]*Sink{}, dispatchers: map[string]passer{}, busy: map[string]chan struct{}{}}
+		states[wp] = st
+		runtime.AddCleanup(reg, func(wp weak.Pointer[workers.Registry]) {
+			statesMu.Lock()
+			delete(states, wp)
+			statesMu.Unlock()
+		}, wp)
+	}
+	statesMu.Unlock()
+	if !ok {
+		st.install(reg)
+	}
+	return st
+}
+
+// Install adds the outbox machinery to reg: the sink delivery worker, the
+// dispatcher pass worker, the periodic retention job, and the start hook that
+// creates sink state and polls idle sinks. It is idempotent; RegisterSink and
+// RegisterDispatcher call it. The built-in outbox module installs it in every
+// worker process, so retention runs even with no sink.
+func Install(reg *workers.Registry) { stateOf(reg) }
+
+// Configure sets reg's outbox options (zero fields take their defaults). An
+// application calls it from its module's Register; the last call wins.
+func Configure(reg *workers.Registry, o Options) error {
+	if o.PollEvery < 0 || o.Retain < 0 || o.RetentionEvery < 0 || o.SinkMaxBackoff < 0 || o.RetentionBatch < 0 || o.RetentionMaxBatches < 0 {
+		return fault.New(fault.InvalidConfig, "outbox options: durations and counts must not be negative")
+	}
+	if o.PollEvery > 0 && o.PollEvery < time.Millisecond {
+		return fault.New(fault.InvalidConfig, "outbox options: PollEvery %s is too short (at least 1ms)", o.PollEvery)
+	}
+	st := stateOf(reg)
+	st.mu.Lock()
+	st.opts = o.withDefaults()
+	st.mu.Unlock()
+	return nil
+}
+
+func (st *state) options() Options {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.opts
+}
+
+func (st *state) install(reg *workers.Registry) {
+	workers.AddWorker(reg, &deliverWorker{st: st})
+	workers.AddWorker(reg, &retentionWorker{st: st})
+	workers.AddWorker(reg, &dispatchWorker{st: st})
+	reg.Periodic(river.NewPeriodicJob(retentionSchedule{st},
+		func() (river.JobArgs, *river.InsertOpts) {
+			return jobs.OutboxRetention{}, &river.InsertOpts{Queue: jobs.MaintenanceQueue, Tags: []string{"outbox"}}
+		}, nil))
+	reg.OnStart(st.start)
+}
+
+// retentionSchedule runs retention every RetentionEvery, read at each run so
+// that Configure after Install applies.
+type retentionSchedule struct{ st *state }
+
+// Next implements river.PeriodicSchedule.
+func (s retentionSchedule) Next(t time.Time) time.Time { return t.Add(s.st.options().RetentionEvery) }
+
+// start runs when a worker process starts: it creates the state of every
+// registered sink (at its From position) and starts polling them.
+func (st *state) start(ctx context.Context, rt *workers.Runtime) error {
+	sinks := st.sinkList()
+	for _, s := range sinks {
+		if err := dom.EnsureSink(ctx, rt.Pool(), s.Name, s.From); err != nil {
+			return err
+		}
+	}
+	if len(sinks) > 0 {
+		go st.pump(rt)
+	}
+	return nil
+}
+
+func (st *state) sinkList() []*Sink {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	out := make([]*Sink, 0, len(st.sinks))
+	for _, s := range st.sinks {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func (st *state) sink(name string) *Sink {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.sinks[name]
+}
+
+func (st *state) dispatcher(name string) passer {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.dispatchers[name]
+}
+
+// Sinks returns the names of the sinks registered in reg, sorted.
+func Sinks(reg *workers.Registry) []string {
+	st := stateOf(reg)
+	var out []string
+	for _, s := range st.sinkList() {
+		out = append(out, s.Name)
+	}
+	return out
+}
+
+// EnsureSinks creates the state of every sink registered in reg that has none
+// yet (at its From position), as a worker process does when it starts. The
+// operator verbs call it so that a registered sink is listed before any worker
+// ran.
+func EnsureSinks(ctx context.Context, db pg.DBTX, reg *workers.Registry) error {
+	for _, s := range stateOf(reg).sinkList() {
+		if err := dom.EnsureSink(ctx, db, s.Name, s.From); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,56 @@
+package outbox
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	dom "github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers"
+)
+
+// retentionWorker prunes the event log: see jobs.OutboxRetention.
+type retentionWorker struct {
+	river.WorkerDefaults[jobs.OutboxRetention]
+	st *state
+}
+
+// Work deletes, one bounded batch per transaction, the events every sink cursor
+// has passed and that are older than the replay window, until a batch comes
+// back short or RetentionMaxBatches ran. Idempotent: any process may run it.
+func (w *retentionWorker) Work(ctx context.Context, job *river.Job[jobs.OutboxRetention]) error {
+	rt := workers.RuntimeFrom(ctx)
+	n, err := Prune(ctx, rt.Pool(), w.st.options())
+	_ = river.RecordOutput(ctx, map[string]int{"deleted": n})
+	if n > 0 {
+		log := rt.Log()
+		log.Debug().Int("deleted", n).Msg("outbox retention")
+	}
+	return err
+}
+
+// Prune runs one retention pass with o's window and bounds (see Options) and
+// returns how many events it deleted.
+func Prune(ctx context.Context, db pg.DBTX, o Options) (int, error) {
+	o = o.withDefaults()
+	total := 0
+	for i := 0; i < o.RetentionMaxBatches; i++ {
+		var n int
+		err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+			var err error
+			n, err = dom.Prune(ctx, tx, dom.PruneOptions{Keep: o.Retain, Batch: o.RetentionBatch})
+			return err
+		})
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n < o.RetentionBatch {
+			break
+		}
+	}
+	return total, nil
+}

@@ -1,0 +1,407 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/bettercompute/bettercompute/domain/lease"
+	dom "github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers"
+)
+
+// Event is an event of the log, as a sink's handler receives it (see
+// domain/outbox.Event). Its ID (TXID:SEQ) is the idempotency key.
+type Event = dom.Event
+
+// Sink is a named consumer of the event log with its own cursor and its own
+// lease (sink/<name>).
+type Sink struct {
+	// Name: a lowercase letter, then up to 62 of [a-z0-9_.-].
+	Name string
+	// Handle receives the next batch, in (txid, seq) order. The cursor moves past
+	// the batch only after Handle returned nil, so a batch is delivered at least
+	// once: after a crash, a lost lease or an error it is delivered again, whole.
+	// An error is retried with backoff (1 s, 2 s, 4 s … up to
+	// Options.SinkMaxBackoff) without holding back other sinks. ctx is cancelled
+	// when the sink's lease is lost or Timeout passes.
+	Handle func(ctx context.Context, events []Event) error
+	// Topics keeps only events of these topics (default: all). Others are moved
+	// past without a call.
+	Topics []string
+	// BatchSize is the most events one delivery reads (default 1,000).
+	BatchSize int
+	// From is where a new sink's cursor starts: domain/outbox.Start (every
+	// retained event, the default) or domain/outbox.End. An existing sink keeps
+	// its cursor.
+	From dom.Position
+	// Timeout bounds one delivery job, which may deliver several batches
+	// (default 1 min).
+	Timeout time.Duration
+}
+
+// RegisterSink registers a sink in reg, for every worker process built from it:
+// each process creates the sink's state at start and polls it; deliveries run as
+// River jobs (kind outbox_deliver) in the maintenance queue. It returns
+// INVALID_CONFIG for a bad or duplicate name or a missing handler.
+//
+//	err := outboxw.RegisterSink(reg, outboxw.Sink{
+//		Name: "billing",
+//		Topics: []string{"usage.recorded"},
+//		Handle: func(ctx context.Context, events []outboxw.Event) error {
+//			return billing.Record(ctx, events) // idempotent by event.ID
+//		},
+//	})
+func RegisterSink(reg *workers.Registry, s Sink) error {
+	if err := dom.ValidateSinkName(s.Name); err != nil {
+		return err
+	}
+	if s.Handle == nil {
+		return fault.New(fault.InvalidConfig, "sink %s has no Handle function", s.Name)
+	}
+	if s.BatchSize < 0 || s.Timeout < 0 {
+		return fault.New(fault.InvalidConfig, "sink %s: BatchSize and Timeout must not be negative", s.Name)
+	}
+	if s.BatchSize == 0 {
+		s.BatchSize = 1000
+	}
+	if s.Timeout == 0 {
+		s.Timeout = time.Minute
+	}
+	st := stateOf(reg)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if _, dup := st.sinks[s.Name]; dup {
+		return fault.New(fault.InvalidConfig, "sink %s is registered twice", s.Name)
+	}
+	st.sinks[s.Name] = &s
+	return nil
+}
+
+func deliverOpts() *river.InsertOpts {
+	// Failed deliveries are retried (practically) without end; a discarded job is
+	// replaced by the next poll anyway.
+	return &river.InsertOpts{Queue: jobs.MaintenanceQueue, MaxAttempts: 10000, Tags: []string{"outbox_sink"}}
+}
+
+// pump polls this process's sinks every PollEvery until the runtime stops: it
+// starts the delivery job of each sink that has events and no live job, and
+// hands back the delivery jobs of dead processes.
+func (st *state) pump(rt *workers.Runtime) {
+	ctx := rt.Context()
+	log := rt.Log().With().Str("component", "outbox").Logger()
+	var names []string
+	for _, s := range st.sinkList() {
+		names = append(names, s.Name)
+	}
+	ttl := rt.Options().LeaseTTL
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		due, err := dom.DueSinks(ctx, rt.Pool(), names)
+		if err != nil && ctx.Err() == nil {
+			log.Warn().Err(err).Msg("outbox: polling sinks failed")
+		}
+		for _, d := range due {
+			if err := st.startDelivery(ctx, rt, d); err != nil && ctx.Err() == nil {
+				log.Warn().Err(err).Str("sink", d.Name).Msg("outbox: cannot start a delivery")
+			}
+		}
+		n, err := dom.HandBackStale(ctx, rt.Pool(), names, jobs.OutboxDeliverKind, time.Now().Add(-ttl))
+		if err != nil && ctx.Err() == nil {
+			log.Warn().Err(err).Msg("outbox: handing back stale deliveries failed")
+		} else if n > 0 {
+			log.Info().Int("jobs", n).Msg("outbox: handed back the deliveries of a dead process")
+		}
+		t.Reset(st.options().PollEvery)
+	}
+}
+
+// startDelivery inserts sink d's next delivery job, unless another process did
+// since d was read.
+func (st *state) startDelivery(ctx context.Context, rt *workers.Runtime, d dom.Due) error {
+	return pg.InTx(ctx, rt.Pool(), nil, func(tx pgx.Tx) error {
+		ok, err := dom.ClaimSinkStartTx(ctx, tx, d.Name, d.JobID)
+		if err != nil || !ok {
+			return err
+		}
+		res, err := jobs.InsertTx(ctx, tx, jobs.OutboxDeliver{Sink: d.Name}, deliverOpts())
+		if err != nil {
+			return err
+		}
+		return dom.SetSinkJobTx(ctx, tx, d.Name, res.Job.ID)
+	})
+}
+
+// Test hooks (nil outside tests): after a handler returned, before the cursor
+// moves; and after the fenced transaction, with its result.
+var (
+	testHookAfterHandle  func(sink string, events []Event)
+	testHookAfterAdvance func(sink string, err error)
+)
+
+// deliverWorker delivers the next batches of one sink: see jobs.OutboxDeliver.
+type deliverWorker struct {
+	river.WorkerDefaults[jobs.OutboxDeliver]
+	st *state
+}
+
+// Timeout is the sink's own.
+func (w *deliverWorker) Timeout(job *river.Job[jobs.OutboxDeliver]) time.Duration {
+	if s := w.st.sink(job.Args.Sink); s != nil {
+		return s.Timeout + 5*time.Second
+	}
+	return 0
+}
+
+// NextRetry backs off 1 s, 2 s, 4 s … up to SinkMaxBackoff.
+func (w *deliverWorker) NextRetry(job *river.Job[jobs.OutboxDeliver]) time.Time {
+	return time.Now().Add(sinkBackoff(job.Attempt, w.st.options().SinkMaxBackoff))
+}
+
+func sinkBackoff(attempt int, maxWait time.Duration) time.Duration {
+	if attempt < 1 {
+		attempt = 1
+	}
+	d := time.Duration(math.Pow(2, float64(min(attempt-1, 30)))) * time.Second
+	return min(d, maxWait)
+}
+
+// Work delivers the sink's next batches:
+//
+//  1. take the sink's lease (FENCED, given back, while another process holds it)
+//     and keep it renewed while the job runs;
+//  2. read the batch after the cursor (nothing to do when paused or caught up);
+//  3. call the handler, outside any transaction;
+//  4. in a transaction fenced by the lease and the job's attempt, move the
+//     cursor (guarded by the position read in 2); while batches come back full
+//     and the job's budget lasts, go back to 2;
+//  5. the last advance also releases the lease, starts the next job when more
+//     is pending, and completes this one.
+//
+// A crash or a lost lease between 3 and 4 leaves the cursor where it was: the
+// batch is delivered again.
+func (w *deliverWorker) Work(ctx context.Context, job *river.Job[jobs.OutboxDeliver]) error {
+	name := job.Args.Sink
+	s := w.st.sink(name)
+	if s == nil {
+		return river.JobCancel(fault.New(fault.InvalidArgument, "sink %q is not registered in this worker process", name))
+	}
+	rt := workers.RuntimeFrom(ctx)
+	if rt == nil {
+		return fault.New(fault.Internal, "outbox: no worker runtime in the job's context")
+	}
+	// The next job of a chain may start before this process's previous one has
+	// returned: wait for it (the lease and the cursor guard are the real fences).
+	unlock, err := w.st.lockSink(ctx, name)
+	if err != nil {
+		return fault.Wrap(fault.Fenced, err, "sink %s: a delivery is still running in this process", name)
+	}
+	defer unlock()
+
+	db, opts := rt.Pool(), rt.Options()
+	log := rt.Log().With().Str("component", "outbox").Str("sink", name).Logger()
+	l, err := lease.Acquire(ctx, db, dom.SinkLease(name), rt.Owner(), opts.LeaseTTL)
+	if fault.Has(err, fault.Conflict) {
+		return fault.Wrap(fault.Fenced, err, "sink %s is being delivered by another process", name)
+	}
+	if err != nil {
+		return err
+	}
+	ctx, stop := keepLease(ctx, rt, l)
+	released := false
+	defer func() {
+		stop()
+		if !released {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = lease.Release(rctx, db, l)
+			cancel()
+		}
+	}()
+	fenced := func(err error) error {
+		if cause := context.Cause(ctx); ctx.Err() != nil && fault.Has(cause, fault.Fenced) {
+			return fault.Wrap(fault.Fenced, err, "%v", cause)
+		}
+		return err
+	}
+
+	from, err := dom.SinkCursor(ctx, db, name)
+	if err != nil {
+		return fenced(err)
+	}
+	if from.Paused {
+		return nil // resume starts a new delivery
+	}
+	budget := time.Now().Add(min(sinkJobBudget, s.Timeout/2))
+	for {
+		events, next, scanned, err := dom.Read(ctx, db, dom.ReadOptions{After: from.Cursor, Limit: s.BatchSize, Topics: s.Topics})
+		if err != nil {
+			return fenced(err)
+		}
+		if scanned == 0 {
+			return nil // caught up: the next poll starts a new delivery
+		}
+		if len(events) > 0 {
+			if err := callHandler(ctx, s, events); err != nil {
+				err = fenced(err)
+				if !fault.Has(err, fault.Fenced) {
+					if rerr := dom.RecordSinkFailure(context.WithoutCancel(ctx), db, name, err.Error()); rerr != nil {
+						log.Warn().Err(rerr).Msg("outbox: cannot record the failure")
+					}
+					log.Warn().Err(err).Int("events", len(events)).Str("from", from.Cursor.String()).Int("attempt", job.Attempt).
+						Msg("outbox sink delivery failed; retried with backoff")
+				}
+				return err
+			}
+		}
+		if testHookAfterHandle != nil {
+			testHookAfterHandle(name, events)
+		}
+		more := scanned == s.BatchSize
+		if more && time.Now().Before(budget) {
+			// An intermediate batch: fenced advance, then the next batch.
+			var moved bool
+			err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+				if err := workers.Fence(ctx, tx, l, job.JobRow); err != nil {
+					return err
+				}
+				var err error
+				moved, err = dom.AdvanceSinkTx(ctx, tx, name, from, next, len(events))
+				return err
+			})
+			if err != nil {
+				err = fenced(err)
+				if testHookAfterAdvance != nil {
+					testHookAfterAdvance(name, err)
+				}
+				return err
+			}
+			if !moved {
+				log.Warn().Str("from", from.Cursor.String()).Msg("outbox: the sink was reset during the delivery; this delivery does not move the cursor")
+				return nil
+			}
+			from.Cursor = next
+			continue
+		}
+		err = workers.InTxLease(ctx, job, l, func(ctx context.Context, tx pgx.Tx) error {
+			moved, err := dom.AdvanceSinkTx(ctx, tx, name, from, next, len(events))
+			if err != nil {
+				return err
+			}
+			if !moved {
+				log.Warn().Str("from", from.Cursor.String()).Str("to", next.String()).Msg("outbox: the sink was reset during the delivery; this delivery does not move the cursor")
+			}
+			if err := lease.Release(ctx, tx, l); err != nil {
+				return err
+			}
+			if more && moved {
+				res, err := jobs.InsertTx(ctx, tx, jobs.OutboxDeliver{Sink: name}, deliverOpts())
+				if err != nil {
+					return err
+				}
+				return dom.SetSinkJobTx(ctx, tx, name, res.Job.ID)
+			}
+			return nil
+		})
+		if err != nil {
+			err = fenced(err)
+		}
+		if testHookAfterAdvance != nil {
+			testHookAfterAdvance(name, err)
+		}
+		if err != nil {
+			return err
+		}
+		released = true
+		return nil
+	}
+}
+
+// sinkJobBudget bounds how long one delivery job goes on delivering full
+// batches before it hands over to a fresh job (so a busy sink does not hold a
+// maintenance worker for ever).
+const sinkJobBudget = 2 * time.Second
+
+func callHandler(ctx context.Context, s *Sink, events []Event) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("sink %s: handler panicked: %v", s.Name, p)
+		}
+	}()
+	return s.Handle(ctx, events)
+}
+
+// lockSink serializes this process's deliveries of one sink, waiting for the
+// one running (if any) until ctx is done.
+func (st *state) lockSink(ctx context.Context, name string) (func(), error) {
+	st.mu.Lock()
+	ch := st.busy[name]
+	if ch == nil {
+		ch = make(chan struct{}, 1)
+		st.busy[name] = ch
+	}
+	st.mu.Unlock()
+	select {
+	case ch <- struct{}{}:
+		return func() { <-ch }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// keepLease renews l every LeaseRenew until stop is called. When the lease is
+// lost (another owner holds it) or cannot be renewed before it expires by this
+// process's clock, the returned context is cancelled with a FENCED cause: the
+// handler should stop, and the fenced transaction would refuse anyway.
+func keepLease(ctx context.Context, rt *workers.Runtime, l lease.Lease) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	opts := rt.Options()
+	margin := min(time.Second, opts.LeaseTTL/10)
+	go func() {
+		deadline := time.Now().Add(opts.LeaseTTL - margin)
+		t := time.NewTicker(opts.LeaseRenew)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			start := time.Now()
+			got, err := lease.Acquire(ctx, rt.Pool(), l.Name, l.Owner, opts.LeaseTTL)
+			switch {
+			case err == nil && got.Epoch == l.Epoch:
+				deadline = start.Add(opts.LeaseTTL - margin)
+			case err == nil || fault.Has(err, fault.Conflict):
+				cancel(fault.New(fault.Fenced, "lease %s lost (now owner %s, epoch %d)", l.Name, got.Owner, got.Epoch))
+				return
+			case time.Now().After(deadline):
+				cancel(fault.Wrap(fault.Fenced, err, "lease %s expired without renewal", l.Name))
+				return
+			}
+		}
+	}()
+	var once bool
+	return ctx, func() {
+		if !once {
+			once = true
+			close(done)
+			cancel(nil)
+		}
+	}
+}
