@@ -45,6 +45,8 @@ type Options struct {
 	PollInterval    time.Duration // default 100 ms
 	ResyncEvery     time.Duration // default 10 min
 	WorkersPerShard int           // default 8
+	// MaintenanceWorkers is the concurrency of the maintenance queue; default 8.
+	MaintenanceWorkers int
 	// JobTimeout bounds one job's Work; default one minute (River's).
 	JobTimeout time.Duration
 	// Secrets are removed from every error stored in a job row.
@@ -122,6 +124,9 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 	if o.WorkersPerShard <= 0 {
 		o.WorkersPerShard = 8
 	}
+	if o.MaintenanceWorkers <= 0 {
+		o.MaintenanceWorkers = 8
+	}
 	count, err := migrate.ShardCount(ctx, o.Pool)
 	if err != nil {
 		return nil, err
@@ -160,7 +165,7 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 		ErrorHandler:      &errorHandler{rt: rt},
 	}
 	if o.Work {
-		cfg.Queues = map[string]river.QueueConfig{jobs.MaintenanceQueue: {MaxWorkers: 4}}
+		cfg.Queues = map[string]river.QueueConfig{jobs.MaintenanceQueue: {MaxWorkers: o.MaintenanceWorkers}}
 		cfg.PeriodicJobs = append(rt.resyncJobs(), o.Registry.periodic...)
 	}
 	client, err := river.NewClient(riverpgxv5.New(o.Pool.Pool), cfg)

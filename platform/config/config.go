@@ -36,15 +36,16 @@ type Config struct {
 	LogFormat        string        `env:"LOG_FORMAT" help:"json or console (default: console when stderr is a terminal, else json)"`
 	PGBin            string        `env:"PG_BIN" help:"directory of initdb and postgres for embedded: URLs (default: PATH, then /usr/lib/postgresql/*/bin)"`
 
-	ShardCount      int           `env:"SHARD_COUNT" envDefault:"16" help:"number of shards, fixed when the database is first migrated"`
-	Shards          string        `env:"SHARDS" envDefault:"all" help:"worker: shards to serve: all, a range 0-7, a list 1,3,5, or a mix 0-3,8"`
-	MetricsListen   string        `env:"METRICS_LISTEN" help:"worker: address for /metrics and /healthz (default: off)"`
-	LeaseTTL        time.Duration `env:"LEASE_TTL" envDefault:"15s" help:"shard and sink lease lifetime"`
-	LeaseRenew      time.Duration `env:"LEASE_RENEW" envDefault:"5s" help:"lease renewal interval (less than a third of LEASE_TTL)"`
-	StopGrace       time.Duration `env:"STOP_GRACE" envDefault:"10s" help:"on SIGTERM, how long in-flight jobs may finish before they are cancelled and handed back"`
-	ResyncEvery     time.Duration `env:"RESYNC_INTERVAL" envDefault:"10m" help:"how often every reconciler re-enqueues all it owns"`
-	WorkersPerShard int           `env:"WORKERS_PER_SHARD" envDefault:"8" help:"concurrent jobs per shard queue"`
-	PollInterval    time.Duration `env:"POLL_INTERVAL" envDefault:"100ms" help:"how often River polls a queue for new jobs (River runs poll-only)"`
+	ShardCount         int           `env:"SHARD_COUNT" envDefault:"16" help:"number of shards, fixed when the database is first migrated"`
+	Shards             string        `env:"SHARDS" envDefault:"all" help:"worker: shards to serve: all, a range 0-7, a list 1,3,5, or a mix 0-3,8"`
+	MetricsListen      string        `env:"METRICS_LISTEN" help:"worker: address for /metrics and /healthz (default: off)"`
+	LeaseTTL           time.Duration `env:"LEASE_TTL" envDefault:"15s" help:"shard and sink lease lifetime"`
+	LeaseRenew         time.Duration `env:"LEASE_RENEW" envDefault:"5s" help:"lease renewal interval (less than a third of LEASE_TTL)"`
+	StopGrace          time.Duration `env:"STOP_GRACE" envDefault:"10s" help:"on SIGTERM, how long in-flight jobs may finish before they are cancelled and handed back"`
+	ResyncEvery        time.Duration `env:"RESYNC_INTERVAL" envDefault:"10m" help:"how often every reconciler re-enqueues all it owns"`
+	WorkersPerShard    int           `env:"WORKERS_PER_SHARD" envDefault:"8" help:"concurrent jobs per shard queue"`
+	MaintenanceWorkers int           `env:"MAINTENANCE_WORKERS" envDefault:"8" help:"worker: concurrent jobs of the better_compute queue (sink deliveries, dispatcher passes, resync, retention)"`
+	PollInterval       time.Duration `env:"POLL_INTERVAL" envDefault:"100ms" help:"how often River polls a queue for new jobs (River runs poll-only)"`
 
 	Listen       string `env:"LISTEN" envDefault:"127.0.0.1:8080" help:"serve: address to listen on (loopback unless credentials are set)"`
 	AuthUser     string `env:"AUTH_USER" help:"serve: basic-auth user for River UI, the API and the event stream"`
@@ -99,6 +100,8 @@ func (c *Config) Validate() error {
 		return bad("RESYNC_INTERVAL", "%s is too short (at least 1s)", c.ResyncEvery)
 	case c.WorkersPerShard < 1 || c.WorkersPerShard > 10000:
 		return bad("WORKERS_PER_SHARD", "%d is out of range (1 to 10000)", c.WorkersPerShard)
+	case c.MaintenanceWorkers < 1 || c.MaintenanceWorkers > 10000:
+		return bad("MAINTENANCE_WORKERS", "%d is out of range (1 to 10000)", c.MaintenanceWorkers)
 	case c.PollInterval < time.Millisecond:
 		return bad("POLL_INTERVAL", "%s is too short (at least 1ms)", c.PollInterval)
 	case c.AuthPassword != "" && c.AuthUser == "" || c.AuthUser != "" && c.AuthPassword == "":

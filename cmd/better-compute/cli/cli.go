@@ -307,10 +307,18 @@ func (s *Session) MigrationSet() (*migrate.Set, error) {
 	return migrate.Builtin(groups...)
 }
 
-// Migrate validates the modules and applies pending migrations, logging each.
+// Migrate validates the configuration and every module (its migrations, and
+// what it registers: reconcilers, sinks, dispatchers, backfills) before touching
+// the store, then applies pending migrations, logging each.
 func (s *Session) Migrate(ctx context.Context) (*migrate.Result, error) {
+	if err := s.setup(); err != nil {
+		return nil, err
+	}
 	set, err := s.MigrationSet()
 	if err != nil {
+		return nil, err
+	}
+	if _, err := s.Registry(); err != nil {
 		return nil, err
 	}
 	p, err := s.Pool(ctx)

@@ -125,7 +125,8 @@ func (s *Session) StartWorker(ctx context.Context) (*workers.Runtime, error) {
 		Pool: db, Log: s.Log, Registry: reg, Shards: shards, Work: true,
 		LeaseTTL: s.Config.LeaseTTL, LeaseRenew: s.Config.LeaseRenew, StopGrace: s.Config.StopGrace,
 		PollInterval: s.Config.PollInterval, ResyncEvery: s.Config.ResyncEvery,
-		WorkersPerShard: s.Config.WorkersPerShard, Secrets: s.secrets(), Metrics: metrics,
+		WorkersPerShard: s.Config.WorkersPerShard, MaintenanceWorkers: s.Config.MaintenanceWorkers,
+		Secrets: s.secrets(), Metrics: metrics,
 	})
 	if err != nil {
 		return nil, err

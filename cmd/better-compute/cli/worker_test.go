@@ -10,6 +10,7 @@ import (
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers"
 )
 
 func TestShardSet(t *testing.T) {
@@ -77,4 +78,20 @@ func TestWorkerRunsAndStops(t *testing.T) {
 	r := <-done
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE expires_at > compute_now()`), "leases released on stop")
+}
+
+// TestMigrateValidatesModulesFirst: a module that registers something invalid
+// (here a reconciler without a Reconcile function) makes migrate fail with
+// INVALID_CONFIG before it touches the database.
+func TestMigrateValidatesModulesFirst(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	bad := cli.App{Modules: []cli.Module{{Name: "bad", Register: func(r *workers.Registry) error {
+		return r.Reconciler(workers.Reconciler{Kind: "broken"})
+	}}}}
+	r := run(t, context.Background(), bad, dbEnv(db), "migrate")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "INVALID_CONFIG")
+	require.Contains(t, r.stderr, "broken")
+	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM pg_tables WHERE tablename = 'compute_migrations'`), "nothing touched")
 }
