@@ -1,0 +1,172 @@
+package backfill
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers"
+)
+
+// Defaults of a Backfill's options.
+const (
+	DefaultBatchSize     = 1000
+	DefaultEstimateEvery = 10 * time.Second
+	// MaxBatchSize bounds BatchSize: a batch is one transaction.
+	MaxBatchSize = 100_000
+)
+
+// Backfill is a backfill an application registers: a name and a batch function,
+// with options that keep it gentle with the live system.
+type Backfill struct {
+	// Name identifies the backfill in the CLI, in compute_backfills and in River
+	// (its jobs' kind is backfill_<Name>): [a-z][a-z0-9_]{0,62}.
+	Name string
+
+	// Batch handles at most batchSize unfinished rows inside tx, the batch's
+	// fenced transaction, and returns how many it handled. It must select only
+	// unfinished rows (WHERE new_column IS NULL) and write with upserts or guarded
+	// updates, so that a retry reaches the same final state. The backfill is done
+	// when a batch returns 0. An error rolls the batch back and is retried with
+	// backoff (INVALID_ARGUMENT cancels the job instead: the backfill stalls).
+	//
+	// Give its selection an index (a partial index WHERE new_column IS NULL, or a
+	// cursor of its own kept in a table of its own, in tx): otherwise each batch
+	// scans past every row already done and the backfill slows down as it goes.
+	Batch func(ctx context.Context, tx pgx.Tx, batchSize int) (rows int, err error)
+
+	// Estimate, optional, returns how many rows are left, for the progress bar's
+	// total and the ETA. It runs in the batch's transaction at most every
+	// EstimateEvery, and at Start; keep it cheap (a count over a partial index, or
+	// the planner's estimate).
+	Estimate func(ctx context.Context, db pg.DBTX) (rowsLeft int64, err error)
+
+	// BatchSize is the most rows one batch handles; default 1000.
+	BatchSize int
+	// Pause is the least time between the end of a batch and the start of the
+	// next; default 0 (the worker's poll interval still separates them).
+	Pause time.Duration
+	// MaxRowsPerSecond caps the average rate: after a batch of n rows the next
+	// waits until n/MaxRowsPerSecond has passed since this one began. 0: no cap.
+	MaxRowsPerSecond float64
+	// EstimateEvery is how often a batch refreshes the estimate; default 10 s.
+	EstimateEvery time.Duration
+	// Timeout bounds one batch job; default the worker's job timeout (1 min).
+	Timeout time.Duration
+}
+
+// withDefaults returns b with its zero options defaulted.
+func (b Backfill) withDefaults() Backfill {
+	if b.BatchSize == 0 {
+		b.BatchSize = DefaultBatchSize
+	}
+	if b.EstimateEvery == 0 {
+		b.EstimateEvery = DefaultEstimateEvery
+	}
+	return b
+}
+
+// Validate returns INVALID_CONFIG naming what is wrong with b.
+func (b Backfill) Validate() error {
+	if err := jobs.ValidateBackfillName(b.Name); err != nil {
+		return fault.Wrap(fault.InvalidConfig, err, "bad backfill")
+	}
+	switch {
+	case b.Batch == nil:
+		return fault.New(fault.InvalidConfig, "backfill %s has no Batch function", b.Name)
+	case b.BatchSize < 0 || b.BatchSize > MaxBatchSize:
+		return fault.New(fault.InvalidConfig, "backfill %s: BatchSize %d is out of range (1 to %d, 0 for %d)", b.Name, b.BatchSize, MaxBatchSize, DefaultBatchSize)
+	case b.Pause < 0:
+		return fault.New(fault.InvalidConfig, "backfill %s: Pause %s is negative", b.Name, b.Pause)
+	case b.MaxRowsPerSecond < 0:
+		return fault.New(fault.InvalidConfig, "backfill %s: MaxRowsPerSecond %g is negative", b.Name, b.MaxRowsPerSecond)
+	case b.EstimateEvery < 0:
+		return fault.New(fault.InvalidConfig, "backfill %s: EstimateEvery %s is negative", b.Name, b.EstimateEvery)
+	case b.Timeout < 0:
+		return fault.New(fault.InvalidConfig, "backfill %s: Timeout %s is negative", b.Name, b.Timeout)
+	}
+	return nil
+}
+
+// Delay is how long the next batch waits after a batch that handled rows in
+// took: the larger of Pause and what MaxRowsPerSecond still asks for.
+func (b Backfill) Delay(rows int, took time.Duration) time.Duration {
+	d := b.Pause
+	if b.MaxRowsPerSecond > 0 && rows > 0 {
+		if r := time.Duration(float64(rows)/b.MaxRowsPerSecond*float64(time.Second)) - took; r > d {
+			d = r
+		}
+	}
+	return d
+}
+
+// Kind is the River job kind of b's batches: backfill_<name>.
+func (b Backfill) Kind() string { return jobs.Backfill{Name: b.Name}.Kind() }
+
+// set is what Register keeps on a registry.
+type set struct {
+	byName map[string]Backfill
+	order  []string
+}
+
+type setKey struct{}
+
+func setOf(r *workers.Registry) *set {
+	return r.Extension(setKey{}, func() any { return &set{byName: map[string]Backfill{}} }).(*set)
+}
+
+// Register adds b to the registry: a River worker for its kind, and b to the
+// backfills the CLI knows. It returns INVALID_CONFIG for an invalid b or a name
+// registered twice.
+//
+//	func Module() cli.Module {
+//		return cli.Module{Name: "inventory", Migrations: …,
+//			Register: func(r *workers.Registry) error { return backfill.Register(r, NormalizeNames) }}
+//	}
+func Register(r *workers.Registry, b Backfill) error {
+	if err := b.Validate(); err != nil {
+		return err
+	}
+	s := setOf(r)
+	if _, dup := s.byName[b.Name]; dup {
+		return fault.New(fault.InvalidConfig, "backfill %s is registered twice", b.Name)
+	}
+	b = b.withDefaults()
+	workers.AddWorkerArgs(r, jobs.Backfill{Name: b.Name}, &worker{b: b})
+	s.byName[b.Name] = b
+	s.order = append(s.order, b.Name)
+	return nil
+}
+
+// Registered returns the backfills registered on r, sorted by name.
+func Registered(r *workers.Registry) []Backfill {
+	s := setOf(r)
+	names := slices.Clone(s.order)
+	slices.Sort(names)
+	out := make([]Backfill, len(names))
+	for i, n := range names {
+		out[i] = s.byName[n]
+	}
+	return out
+}
+
+// Lookup returns the backfill registered on r under name, or NOT_FOUND naming
+// the ones that are.
+func Lookup(r *workers.Registry, name string) (Backfill, error) {
+	s := setOf(r)
+	if b, ok := s.byName[name]; ok {
+		return b, nil
+	}
+	known := slices.Clone(s.order)
+	slices.Sort(known)
+	if len(known) == 0 {
+		return Backfill{}, fault.New(fault.NotFound, "unknown backfill %q: this binary registers no backfills", name)
+	}
+	return Backfill{}, fault.New(fault.NotFound, "unknown backfill %q: this binary knows %s", name, strings.Join(known, ", "))
+}
