@@ -1,0 +1,129 @@
+package quorum_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bettercompute/bettercompute/domain/quorum"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+)
+
+const benchClients = 32
+
+// BenchmarkVote measures votes per second with 32 concurrent voters, beside
+// pgbench -N's TPS on the same server in the same run. Each vote is one
+// transaction (VoteTx); every batch has the 32 clients as voters and a quorum of
+// 32, so each batch commits (and enqueues its apply job) on its last vote.
+//
+//   - same_batch: all 32 voters vote on one batch at a time (they take turns on
+//     the batch's row lock), then move to the next;
+//   - own_batch: each voter works through batches of its own (one vote per
+//     batch): no two votes meet.
+//
+// Metrics: votes/s, pgbench_tps, votes_per_pgbench_tx.
+func BenchmarkVote(b *testing.B) {
+	for _, mode := range []string{"same_batch", "own_batch"} {
+		db := pgtest.New(b, pgtest.Options{MaxConns: benchClients + 8})
+		b.Run(mode, func(b *testing.B) {
+			tps := pgbenchTPS(b, b.Name())
+			perClient := (b.N + benchClients - 1) / benchClients
+			// Batches: same_batch needs perClient batches shared by everyone;
+			// own_batch needs perClient batches per client.
+			nBatches := perClient
+			if mode == "own_batch" {
+				nBatches = perClient * benchClients
+			}
+			ids := make([]int64, nBatches)
+			for i := range ids {
+				ids[i] = propose(b, db.Pool, quorum.ProposeParams{Kind: "bench", Agent: "bench", Voters: voters(benchClients),
+					Quorum: benchClients, Deadline: time.Now().Add(24 * time.Hour)}).ID
+			}
+			var (
+				votes atomic.Int64
+				wg    sync.WaitGroup
+			)
+			b.ResetTimer()
+			start := time.Now()
+			for c := 0; c < benchClients; c++ {
+				wg.Add(1)
+				go func(c int) {
+					defer wg.Done()
+					voter := voters(benchClients)[c]
+					for k := 0; k < perClient; k++ {
+						id := ids[k]
+						if mode == "own_batch" {
+							id = ids[c*perClient+k]
+						}
+						_, err := vote(db.Pool, id, voter, true)
+						if err != nil && !(mode == "own_batch" && fault.Has(err, fault.Conflict)) {
+							b.Errorf("vote: %v", err)
+							return
+						}
+						votes.Add(1)
+					}
+				}(c)
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			b.StopTimer()
+			perSec := float64(votes.Load()) / elapsed.Seconds()
+			b.ReportMetric(perSec, "votes/s")
+			b.ReportMetric(tps, "pgbench_tps")
+			b.ReportMetric(perSec/tps, "votes_per_pgbench_tx")
+		})
+	}
+}
+
+var (
+	pgbenchMu    sync.Mutex
+	pgbenchTPSBy = map[string]float64{}
+)
+
+// pgbenchTPS runs pgbench -N with 32 clients for 10 s on a database of the test
+// server and returns its TPS (without the initial connection time). It runs once
+// per key (a sub-benchmark), right before that sub-benchmark's first
+// measurement, so that each ratio compares figures taken close together.
+func pgbenchTPS(b *testing.B, key string) float64 {
+	b.Helper()
+	pgbenchMu.Lock()
+	defer pgbenchMu.Unlock()
+	if tps, ok := pgbenchTPSBy[key]; ok {
+		return tps
+	}
+	bin, err := exec.LookPath("pgbench")
+	if err != nil {
+		matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pgbench")
+		if len(matches) == 0 {
+			b.Fatal("pgbench not found on PATH or under /usr/lib/postgresql")
+		}
+		bin = matches[len(matches)-1]
+	}
+	db := pgtest.New(b, pgtest.Options{Empty: true})
+	if out, err := exec.Command(bin, "-i", "-q", "-s", "10", db.URL).CombinedOutput(); err != nil {
+		b.Fatalf("pgbench -i: %v: %s", err, out)
+	}
+	cmd := exec.Command(bin, "-N", "-c", strconv.Itoa(benchClients), "-j", "2", "-T", "10", db.URL)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		b.Fatalf("pgbench -N: %v: %s", err, out)
+	}
+	m := regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`).FindSubmatch(out)
+	if m == nil {
+		b.Fatalf("no tps in pgbench's output: %s", out)
+	}
+	tps, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pgbenchTPSBy[key] = tps
+	return tps
+}

@@ -1,0 +1,214 @@
+package capacity_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/domain/capacity"
+	"github.com/bettercompute/bettercompute/platform/clock"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers"
+	capworkers "github.com/bettercompute/bettercompute/workers/capacity"
+	"github.com/bettercompute/bettercompute/workers/workertest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var t0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// setup makes pool p with devices devices on one node and tenant acme with a
+// quota of all of them, on the sim clock at t0, and starts a worker with the
+// capacity workers.
+func setup(t *testing.T, devices int, o *capworkers.Options) *pgtest.DB {
+	t.Helper()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	require.NoError(t, clock.UseSim(ctx, db.Pool, t0))
+	require.NoError(t, capacity.CreatePool(ctx, db.Pool, &capacity.CreatePoolParams{PoolID: "p"}))
+	require.NoError(t, capacity.AddNode(ctx, db.Pool, &capacity.AddNodeParams{PoolID: "p", NodeID: "n"}))
+	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		for i := 0; i < devices; i++ {
+			if err := capacity.AddDeviceTx(ctx, tx, &capacity.AddDeviceParams{NodeID: "n", DeviceID: fmt.Sprintf("d%02d", i)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	require.NoError(t, capacity.SetQuota(ctx, db.Pool, &capacity.SetQuotaParams{Tenant: "acme", PoolID: "p", Limit: devices}))
+	if o == nil {
+		o = &capworkers.Options{SweepEvery: -1}
+	}
+	reg := workers.NewRegistry()
+	require.NoError(t, capworkers.Register(reg, o))
+	workertest.Start(t, db.Pool, reg, nil)
+	return db
+}
+
+func reserve(t *testing.T, db *pgtest.DB, devices int, ttl time.Duration) *capacity.Reservation {
+	t.Helper()
+	var r *capacity.Reservation
+	require.NoError(t, pg.InTx(context.Background(), db.Pool, nil, func(tx pgx.Tx) error {
+		var err error
+		r, err = capacity.ReserveTx(context.Background(), tx, &capacity.ReserveParams{
+			PoolID: "p", Tenant: "acme", Devices: devices, Start: t0, End: t0.Add(time.Hour), TTL: ttl,
+		})
+		return err
+	}))
+	return r
+}
+
+func state(t *testing.T, db *pgtest.DB, id int64) capacity.State {
+	t.Helper()
+	r, err := capacity.Get(context.Background(), db.Pool, id)
+	require.NoError(t, err)
+	return r.State
+}
+
+// snoozes is how many times the expiry job of reservation id ran early.
+func snoozes(t *testing.T, db *pgtest.DB, id int64) int {
+	return db.MustCount(t, `SELECT coalesce(max((metadata->>'snoozes')::int), 0) FROM river_job WHERE kind = 'capacity_hold_expiry' AND (args->>'reservation_id')::bigint = $1`, id)
+}
+
+// TestHoldExpiresOnceUnderTheSimClock: the expiry job runs in real time, finds
+// the hold not due by compute_now() (the sim clock stands still) and snoozes; once
+// the sim clock passes the expiry it expires the hold, refunds the quota, and
+// completes, exactly once. An extended hold makes it snooze again.
+func TestHoldExpiresOnceUnderTheSimClock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setup(t, 2, nil)
+	r := reserve(t, db, 2, time.Second)
+
+	workertest.WaitFor(t, 60*time.Second, "the expiry job to run early and snooze", func() bool { return snoozes(t, db, r.ID) >= 1 })
+	require.Equal(t, capacity.Hold, state(t, db, r.ID), "not due by compute_now()")
+
+	_, err := clock.Advance(ctx, db.Pool, 2*time.Second)
+	require.NoError(t, err)
+	workertest.WaitFor(t, 60*time.Second, "the hold to expire", func() bool { return state(t, db, r.ID) == capacity.Expired })
+	workertest.WaitFor(t, 10*time.Second, "the job to complete", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry' AND state = 'completed' AND (args->>'reservation_id')::bigint = $1`, r.ID) == 1
+	})
+	got, err := capacity.Get(ctx, db.Pool, r.ID)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), got.Version, "one transition: reserved (1), expired (2)")
+	q, err := capacity.GetQuota(ctx, db.Pool, "acme", "p")
+	require.NoError(t, err)
+	require.Equal(t, 0, q.Used, "the quota is refunded")
+	c, err := capacity.Capacity(ctx, db.Pool, "p")
+	require.NoError(t, err)
+	require.Zero(t, c.Holds)
+
+	// An extended hold: the job runs at the original expiry and snoozes.
+	r2 := reserve(t, db, 1, time.Second)
+	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		_, err := capacity.ExtendTx(ctx, tx, &capacity.ExtendParams{ReservationID: r2.ID, Version: r2.Version, By: time.Hour})
+		return err
+	}))
+	_, err = clock.Advance(ctx, db.Pool, 2*time.Second)
+	require.NoError(t, err)
+	before := snoozes(t, db, r2.ID)
+	workertest.WaitFor(t, 60*time.Second, "the expiry job of the extended hold to snooze", func() bool { return snoozes(t, db, r2.ID) > before })
+	require.Equal(t, capacity.Hold, state(t, db, r2.ID), "the extension moved the expiry")
+	_, err = clock.Advance(ctx, db.Pool, time.Hour)
+	require.NoError(t, err)
+	workertest.WaitFor(t, 60*time.Second, "the extended hold to expire", func() bool { return state(t, db, r2.ID) == capacity.Expired })
+	q, _ = capacity.GetQuota(ctx, db.Pool, "acme", "p")
+	require.Equal(t, 0, q.Used)
+}
+
+// TestReleaseRacesExpiry releases lapsed holds while their expiry jobs run: each
+// ends exactly once, released or expired, and the quota is refunded once.
+func TestReleaseRacesExpiry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const n = 24
+	db := setup(t, n, nil)
+	var ids []int64
+	for i := 0; i < n; i++ {
+		ids = append(ids, reserve(t, db, 1, 500*time.Millisecond).ID)
+	}
+	_, err := clock.Advance(ctx, db.Pool, time.Second)
+	require.NoError(t, err)
+
+	var wg sync.WaitGroup
+	released := make([]bool, n)
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(i%8) * 150 * time.Millisecond) // spread over the jobs' runs
+			err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+				_, err := capacity.ReleaseTx(ctx, tx, &capacity.ReleaseParams{ReservationID: id})
+				return err
+			})
+			switch {
+			case err == nil:
+				released[i] = true
+			case !fault.Has(err, fault.Conflict):
+				t.Errorf("release %d: %v", id, err)
+			}
+		}()
+	}
+	wg.Wait()
+	workertest.WaitFor(t, 60*time.Second, "every hold ended", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM capacity_reservations WHERE state = 'hold'`) == 0
+	})
+	var byRelease, byExpiry int
+	for i, id := range ids {
+		r, err := capacity.Get(ctx, db.Pool, id)
+		require.NoError(t, err)
+		require.Equal(t, int64(2), r.Version, "reservation %d changed state once", id)
+		if released[i] {
+			require.Equal(t, capacity.Released, r.State)
+			byRelease++
+		} else {
+			require.Equal(t, capacity.Expired, r.State, "a release that got CONFLICT lost to the expiry")
+			byExpiry++
+		}
+	}
+	t.Logf("%d released, %d expired", byRelease, byExpiry)
+	q, _ := capacity.GetQuota(ctx, db.Pool, "acme", "p")
+	require.Equal(t, 0, q.Used, "refunded once each")
+	c, _ := capacity.Capacity(ctx, db.Pool, "p")
+	require.Zero(t, c.Holds)
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM capacity_node_resources WHERE holds <> 0 OR confirmed <> 0`))
+}
+
+// TestSweepReenqueuesALostExpiry cancels a hold's expiry job, as an operator
+// might: the periodic sweep enqueues a new one once the hold is overdue by the
+// grace period, and the hold expires.
+func TestSweepReenqueuesALostExpiry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setup(t, 1, &capworkers.Options{SweepEvery: 200 * time.Millisecond, Grace: time.Minute})
+	r := reserve(t, db, 1, time.Hour)
+	db.MustExec(t, `UPDATE river_job SET state = 'cancelled', finalized_at = clock_timestamp() WHERE kind = 'capacity_hold_expiry'`)
+
+	_, err := clock.Advance(ctx, db.Pool, time.Hour+30*time.Second)
+	require.NoError(t, err)
+	// Due, but not overdue by the grace period: the sweep leaves it alone.
+	workertest.WaitFor(t, 60*time.Second, "a sweep to run", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_expiry_sweep' AND state = 'completed'`) >= 1
+	})
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry'`))
+
+	_, err = clock.Advance(ctx, db.Pool, time.Minute)
+	require.NoError(t, err)
+	workertest.WaitFor(t, 60*time.Second, "the hold to expire", func() bool { return state(t, db, r.ID) == capacity.Expired })
+	require.Equal(t, 2, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry' AND (args->>'reservation_id')::bigint = $1`, r.ID),
+		"the cancelled job and the sweep's")
+	// Later sweeps find nothing overdue and enqueue nothing more.
+	n := db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_expiry_sweep' AND state = 'completed'`)
+	workertest.WaitFor(t, 60*time.Second, "two more sweeps", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_expiry_sweep' AND state = 'completed'`) >= n+2
+	})
+	require.Equal(t, 2, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry'`))
+}

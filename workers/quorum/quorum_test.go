@@ -1,0 +1,250 @@
+package quorum_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/domain/quorum"
+	"github.com/bettercompute/bettercompute/platform/clock"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers"
+	quorumworkers "github.com/bettercompute/bettercompute/workers/quorum"
+	"github.com/bettercompute/bettercompute/workers/workertest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// effects is the test applier's table: one row per applied item, with no key
+// that would refuse a second application, so applying twice would show.
+const effectsSQL = `CREATE TABLE test_effects (n bigserial PRIMARY KEY, batch_id bigint NOT NULL, position int NOT NULL, payload jsonb NOT NULL)`
+
+// recordEffects is the test applier: it writes one row per item in tx.
+func recordEffects(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
+	for i, it := range b.Items {
+		if _, err := tx.Exec(ctx, `INSERT INTO test_effects (batch_id, position, payload) VALUES ($1, $2, $3::jsonb)`, b.ID, i, string(it)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// commitBatch proposes a batch of kind with items and votes it through.
+func commitBatch(t *testing.T, db pg.DBTX, kind string, items []any, deadline time.Time) int64 {
+	t.Helper()
+	ctx := context.Background()
+	var id int64
+	require.NoError(t, pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+		b, err := quorum.ProposeTx(ctx, tx, &quorum.ProposeParams{Kind: kind, Agent: "test", Items: items,
+			Voters: []string{"a", "b", "c"}, Quorum: 2, Deadline: deadline})
+		id = b.ID
+		return err
+	}))
+	for _, v := range []string{"a", "b"} {
+		require.NoError(t, pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+			_, err := quorum.VoteTx(ctx, tx, &quorum.VoteParams{BatchID: id, Voter: v, Approve: true})
+			return err
+		}))
+	}
+	return id
+}
+
+func effectsOf(t *testing.T, db *pgtest.DB, batch int64) (rows, distinct int) {
+	t.Helper()
+	return db.MustCount(t, `SELECT count(*) FROM test_effects WHERE batch_id = $1`, batch),
+		db.MustCount(t, `SELECT count(DISTINCT position) FROM test_effects WHERE batch_id = $1`, batch)
+}
+
+func TestApplyOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(t, effectsSQL)
+	reg := workers.NewRegistry()
+	require.NoError(t, quorumworkers.Register(reg, nil))
+	require.NoError(t, quorumworkers.Handle(reg, "effects", recordEffects))
+	workertest.Start(t, db.Pool, reg, nil)
+
+	id := commitBatch(t, db.Pool, "effects", []any{"x", "y", "z"}, time.Now().Add(time.Hour))
+	workertest.WaitFor(t, 60*time.Second, "the batch applied", func() bool {
+		b, err := quorum.Get(ctx, db.Pool, id)
+		require.NoError(t, err)
+		return b.State == quorum.Applied
+	})
+	rows, distinct := effectsOf(t, db, id)
+	require.Equal(t, 3, rows)
+	require.Equal(t, 3, distinct)
+	require.Equal(t, `["x", "y", "z"]`, func() string {
+		var s string
+		require.NoError(t, db.QueryRow(ctx, `SELECT jsonb_agg(payload ORDER BY position)::text FROM test_effects WHERE batch_id = $1`, id).Scan(&s))
+		return s
+	}(), "in order")
+
+	// A second apply job for the same batch (a retry, an operator) changes nothing.
+	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE river_job SET state = 'available', attempt = 0, finalized_at = NULL WHERE kind = 'quorum_apply'`)
+		return err
+	}))
+	workertest.WaitFor(t, 60*time.Second, "the apply job to run again", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'quorum_apply' AND state = 'completed'`) == 1
+	})
+	rows, _ = effectsOf(t, db, id)
+	require.Equal(t, 3, rows, "applied once")
+}
+
+func TestHandle(t *testing.T) {
+	t.Parallel()
+	reg := workers.NewRegistry()
+	require.NoError(t, quorumworkers.Handle(reg, "a", recordEffects))
+	require.NoError(t, quorumworkers.Register(reg, nil), "Register after Handle reuses the workers")
+	require.True(t, fault.Has(quorumworkers.Handle(reg, "a", recordEffects), fault.InvalidConfig), "a second applier for a kind")
+	require.True(t, fault.Has(quorumworkers.Handle(reg, "Not A Kind", recordEffects), fault.InvalidConfig))
+	require.True(t, fault.Has(quorumworkers.Handle(reg, "b", nil), fault.InvalidConfig))
+	// Another registry has appliers of its own.
+	require.NoError(t, quorumworkers.Handle(workers.NewRegistry(), "a", recordEffects))
+}
+
+// TestExpiryJobUnderTheSimClock: the expiry job, scheduled for the deadline in
+// real time, expires the open batch only once compute_now() passes the deadline.
+func TestExpiryJobUnderTheSimClock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	require.NoError(t, clock.UseSim(ctx, db.Pool, time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)))
+	reg := workers.NewRegistry()
+	require.NoError(t, quorumworkers.Register(reg, nil))
+	workertest.Start(t, db.Pool, reg, nil)
+	now, err := clock.Now(ctx, db.Pool)
+	require.NoError(t, err)
+	var b *quorum.Batch
+	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		b, err = quorum.ProposeTx(ctx, tx, &quorum.ProposeParams{Kind: "k", Agent: "test", Voters: []string{"a"}, Quorum: 1, Deadline: now.Add(time.Hour)})
+		return err
+	}))
+	// The job is due in an hour of real time; make River run it now, as if the
+	// real and sim clocks disagreed: it must snooze, not expire the batch.
+	db.MustExec(t, `UPDATE river_job SET state = 'available', scheduled_at = clock_timestamp() WHERE id = $1`, *b.ExpireJobID)
+	workertest.WaitFor(t, 60*time.Second, "the expiry job to run early and snooze", func() bool {
+		return db.MustCount(t, `SELECT coalesce((metadata->>'snoozes')::int, 0) FROM river_job WHERE id = $1`, *b.ExpireJobID) >= 1
+	})
+	got, _ := quorum.Get(ctx, db.Pool, b.ID)
+	require.Equal(t, quorum.Open, got.State)
+	_, err = clock.Advance(ctx, db.Pool, time.Hour)
+	require.NoError(t, err)
+	workertest.WaitFor(t, 60*time.Second, "the batch to expire", func() bool {
+		got, err := quorum.Get(ctx, db.Pool, b.ID)
+		require.NoError(t, err)
+		return got.State == quorum.Expired
+	})
+}
+
+// The kill -9 test runs a worker in a child process (this test binary, re-run
+// with killChildEnv set), whose applier writes its effects and then blocks with
+// the apply transaction open; the parent kills it with SIGKILL, then starts a
+// worker of its own that takes the shard over and applies the batch again.
+const killChildEnv = "BETTER_COMPUTE_QUORUM_KILL_CHILD_URL"
+
+// TestKillChildWorker is the child's side; it does nothing in a normal run.
+func TestKillChildWorker(t *testing.T) {
+	url := os.Getenv(killChildEnv)
+	if url == "" {
+		t.Skip("the child of TestKillDuringApply")
+	}
+	ctx := context.Background()
+	db, err := pg.Open(ctx, pg.Options{URL: url, MaxConns: 10})
+	require.NoError(t, err)
+	reg := workers.NewRegistry()
+	require.NoError(t, quorumworkers.Handle(reg, "effects", func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
+		if err := recordEffects(ctx, tx, b); err != nil {
+			return err
+		}
+		var pid int
+		if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			return err
+		}
+		fmt.Printf("APPLYING batch=%d backend=%d\n", b.ID, pid)
+		select {} // the apply transaction stays open until the parent kills us
+	}))
+	workertest.Start(t, db, reg, nil)
+	select {}
+}
+
+func TestKillDuringApply(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(t, effectsSQL)
+	id := commitBatch(t, db.Pool, "effects", []any{1, 2, 3, 4}, time.Now().Add(time.Hour))
+
+	child := exec.Command(os.Args[0], "-test.run=^TestKillChildWorker$", "-test.v")
+	child.Env = append(os.Environ(), killChildEnv+"="+db.URL)
+	out, err := child.StdoutPipe()
+	require.NoError(t, err)
+	child.Stderr = os.Stderr
+	require.NoError(t, child.Start())
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+
+	var backend int
+	lines := bufio.NewScanner(out)
+	applying := make(chan string, 1)
+	go func() {
+		for lines.Scan() {
+			if l := lines.Text(); strings.HasPrefix(l, "APPLYING ") {
+				applying <- l
+			}
+		}
+	}()
+	select {
+	case l := <-applying:
+		_, err := fmt.Sscanf(l, "APPLYING batch=%d backend=%d", new(int64), &backend)
+		require.NoError(t, err, l)
+	case <-time.After(60 * time.Second):
+		t.Fatal("the child never started applying")
+	}
+	// The child's apply transaction is open: its effects are written, not committed.
+	require.Equal(t, "idle in transaction", func() string {
+		var s string
+		require.NoError(t, db.QueryRow(ctx, `SELECT state FROM pg_stat_activity WHERE pid = $1`, backend).Scan(&s))
+		return s
+	}())
+	rows, _ := effectsOf(t, db, id)
+	require.Zero(t, rows, "nothing is visible before the commit")
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'quorum_apply' AND state = 'running' AND attempt = 1`))
+
+	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
+	_, _ = child.Process.Wait()
+	workertest.WaitFor(t, 20*time.Second, "the server to end the child's transaction", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, backend) == 0
+	})
+
+	// Another worker takes the shard over (once the child's lease expires),
+	// hands the running job back, and applies the batch.
+	reg := workers.NewRegistry()
+	require.NoError(t, quorumworkers.Handle(reg, "effects", recordEffects))
+	workertest.Start(t, db.Pool, reg, nil)
+	workertest.WaitFor(t, 60*time.Second, "the batch applied by the new worker", func() bool {
+		b, err := quorum.Get(ctx, db.Pool, id)
+		require.NoError(t, err)
+		return b.State == quorum.Applied
+	})
+	rows, distinct := effectsOf(t, db, id)
+	require.Equal(t, 4, rows, "exactly one applied effect per item")
+	require.Equal(t, 4, distinct)
+	var attempt int
+	var state string
+	require.NoError(t, db.QueryRow(ctx, `SELECT state::text, attempt FROM river_job WHERE kind = 'quorum_apply'`).Scan(&state, &attempt))
+	require.Equal(t, "completed", state)
+	require.Equal(t, 2, attempt, "the killed attempt and the one that applied")
+	t.Logf("applied by attempt %d after the kill (backend %d of the child ended)", attempt, backend)
+}
