@@ -79,6 +79,12 @@ func ShardQueue(n int) string { return fmt.Sprintf("shard_%d", n) }
 // shards: resync and other unfenced, idempotent housekeeping.
 const MaintenanceQueue = "better_compute"
 
+// ScheduledAfter: a job due sooner than this is inserted available with a
+// future scheduled_at (River's fetch honours it to the poll interval); a later one
+// is scheduled. River promotes scheduled jobs only every 5 s, which would make a
+// short delay up to 5 s late.
+const ScheduledAfter = 5 * time.Second
+
 // DirtyOpts are Dirty's options.
 type DirtyOpts struct {
 	// Delay: the key is not reconciled before compute_now() + Delay. If the key is
@@ -106,7 +112,7 @@ WITH d AS (
 ), j AS (
     INSERT INTO river_job (id, args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata)
     SELECT d.job_id, $6::jsonb, 'reconcile', 25, 1, 'shard_' || d.shard, $5,
-           CASE WHEN $4 > 0 THEN 'scheduled' ELSE 'available' END::river_job_state, $7::varchar(255)[], '{}'
+           CASE WHEN $4 >= 5 THEN 'scheduled' ELSE 'available' END::river_job_state, $7::varchar(255)[], '{}'
     FROM d WHERE d.inserted
     RETURNING id
 )
@@ -163,7 +169,7 @@ func Dirty(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) er
 UPDATE river_job SET scheduled_at = LEAST(scheduled_at, $2),
        state = CASE WHEN $3 THEN 'available'::river_job_state ELSE state END
 WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable', 'pending') AND scheduled_at > $2`,
-			jobID, time.Now().Add(delay), delay == 0)
+			jobID, time.Now().Add(delay), delay < ScheduledAfter)
 		if err != nil {
 			return fmt.Errorf("error moving the job of %s/%s earlier: %w", kind, key, err)
 		}
@@ -190,7 +196,7 @@ WITH d AS (
     INSERT INTO river_job (args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata)
     SELECT $3::jsonb, 'reconcile', 25, 1, 'shard_' || d.shard,
            $4::timestamptz + make_interval(secs => d.delay),
-           CASE WHEN d.delay > 0 THEN 'scheduled' ELSE 'available' END::river_job_state,
+           CASE WHEN d.delay >= 5 THEN 'scheduled' ELSE 'available' END::river_job_state,
            $5::varchar(255)[], '{}'
     FROM d
     RETURNING id

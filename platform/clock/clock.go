@@ -95,13 +95,17 @@ func Set(ctx context.Context, db pg.DBTX, at time.Time) error {
 	return pg.Translate(err)
 }
 
-// Advance moves the sim clock forward by d and returns the new time.
+// Advance moves the sim clock forward by d and returns the new time. Concurrent
+// advances add up. It returns INVALID_ARGUMENT for a negative d or when the sim
+// clock is not on.
 func Advance(ctx context.Context, db pg.DBTX, d time.Duration) (time.Time, error) {
 	if d < 0 {
 		return time.Time{}, fault.New(fault.InvalidArgument, "the sim clock cannot move back (advance by %s)", d)
 	}
 	var t time.Time
-	err := db.QueryRow(ctx, "SELECT compute_set_sim_clock(compute_now() + make_interval(secs => $1))", d.Seconds()).Scan(&t)
+	// One statement under the clock row's lock (core/0005), so concurrent
+	// advances add up.
+	err := db.QueryRow(ctx, "SELECT compute_advance_sim_clock(make_interval(secs => $1))", d.Seconds()).Scan(&t)
 	if pg.SQLState(err) == "55000" {
 		return t, fault.Wrap(fault.InvalidArgument, err, "the sim clock is not on")
 	}

@@ -2,10 +2,12 @@ package clock_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/platform/clock"
@@ -260,4 +262,26 @@ func TestAnchor(t *testing.T) {
 		require.Equal(t, fault.ClockSkew, fault.CodeOf(err), "%v", err)
 		require.Contains(t, err.Error(), "drifted")
 	})
+}
+
+// TestConcurrentAdvancesAddUp: advances from many goroutines at once all land.
+func TestConcurrentAdvancesAddUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
+	require.NoError(t, clock.UseSim(ctx, db.Pool, start))
+	var wg sync.WaitGroup
+	for i := 1; i <= 10; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := clock.Advance(ctx, db.Pool, time.Duration(i)*time.Second)
+			assert.NoError(t, err)
+		}()
+	}
+	wg.Wait()
+	now, err := clock.Now(ctx, db.Pool)
+	require.NoError(t, err)
+	require.True(t, now.Equal(start.Add(55*time.Second)), "got %s", now)
 }

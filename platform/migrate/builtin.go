@@ -2,6 +2,7 @@ package migrate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"io/fs"
@@ -131,6 +132,11 @@ WITH ins AS (
     ON CONFLICT (id) DO NOTHING RETURNING shard_count
 )
 SELECT shard_count FROM ins UNION ALL SELECT shard_count FROM compute_settings LIMIT 1`, shardCount).Scan(&stored)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Another migrator inserted the row after this statement's snapshot was
+		// taken: read it again, in a new statement that sees it.
+		err = db.QueryRow(ctx, `SELECT shard_count FROM compute_settings`).Scan(&stored)
+	}
 	if err != nil {
 		return 0, pg.Translate(fmt.Errorf("error storing the shard count: %w", err))
 	}
