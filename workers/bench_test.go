@@ -54,9 +54,10 @@ func BenchmarkThroughput(b *testing.B) {
 	db.MustExec(b, `INSERT INTO bench_items (key) SELECT 'k' || g FROM generate_series(1, $1) g`, benchJobs)
 	idleRSS := rssKB()
 
-	var rawRate, fencedRate, e2eRate, peakRSS float64
+	var rawRate, rawE2E, fencedRate, e2eRate, peakRSS float64
 	for i := 0; i < b.N; i++ {
 		rawRate = benchRawRiver(b, db)
+		rawE2E = benchRawRiverEndToEnd(b, db)
 		var rss float64
 		fencedRate, rss = benchFenced(b, db)
 		peakRSS = max(peakRSS, rss)
@@ -68,6 +69,8 @@ func BenchmarkThroughput(b *testing.B) {
 	b.ReportMetric(fencedRate, "fenced_reconciles/s")
 	b.ReportMetric(e2eRate, "e2e_dirty+reconcile/s")
 	b.ReportMetric(e2eRate/tps, "e2e/pgbench")
+	b.ReportMetric(rawE2E, "raw_river_e2e_jobs/s")
+	b.ReportMetric(e2eRate/rawE2E, "e2e/raw_e2e")
 	b.ReportMetric(tps, "pgbench_N_tps")
 	b.ReportMetric(fencedRate/tps, "fenced/pgbench")
 	b.ReportMetric(fencedRate/rawRate, "fenced/raw")
@@ -106,6 +109,55 @@ func benchRawRiver(b *testing.B, db *pgtest.DB) float64 {
 	return rate
 }
 
+// benchRawRiverEndToEnd is benchEndToEnd's peer on raw River: 8 writers each
+// commit a one-row change and an InsertTx of a no-op job per transaction, and
+// the clock stops when every job is completed.
+func benchRawRiverEndToEnd(b *testing.B, db *pgtest.DB) float64 {
+	ctx := context.Background()
+	ws := river.NewWorkers()
+	river.AddWorker(ws, &noopWorker{})
+	client, err := river.NewClient(riverpgxv5.New(db.Pool.Pool), &river.Config{
+		Queues:            map[string]river.QueueConfig{"raw_e2e": {MaxWorkers: 64}},
+		Workers:           ws,
+		PollOnly:          true,
+		FetchPollInterval: 100 * time.Millisecond,
+		Logger:            logging.Slog(zerolog.Nop()),
+	})
+	require.NoError(b, err)
+	require.NoError(b, client.Start(ctx))
+	start := time.Now()
+	const writers = 8
+	errs := make(chan error, writers)
+	for w := 0; w < writers; w++ {
+		go func() {
+			for j := w; j < benchJobs; j += writers {
+				key := "k" + strconv.Itoa(j+1)
+				err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `UPDATE bench_items SET n = n + 1 WHERE key = $1`, key); err != nil {
+						return err
+					}
+					_, err := client.InsertTx(ctx, tx, noopArgs{N: j}, &river.InsertOpts{Queue: "raw_e2e"})
+					return err
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for w := 0; w < writers; w++ {
+		require.NoError(b, <-errs)
+	}
+	workertest.WaitFor(b, 5*time.Minute, "raw e2e jobs done", func() bool {
+		return db.MustCount(b, `SELECT count(*) FROM river_job WHERE queue = 'raw_e2e' AND state <> 'completed'`) == 0
+	})
+	rate := benchJobs / time.Since(start).Seconds()
+	require.NoError(b, client.Stop(ctx))
+	return rate
+}
+
 func benchFenced(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
 	ctx := context.Background()
 	reg := workers.NewRegistry()
@@ -127,7 +179,7 @@ func benchFenced(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
 		}))
 	}
 	start := time.Now()
-	rt := workertest.Start(b, db.Pool, reg, &workers.Options{WorkersPerShard: 4})
+	rt := workertest.Start(b, db.Pool, reg, &workers.Options{WorkersPerShard: 1, PollInterval: 100 * time.Millisecond}) // 16 sessions, as pgbench -c 16
 	workertest.WaitFor(b, 5*time.Minute, "reconciles done", func() bool {
 		peakRSS = max(peakRSS, float64(rssKB()))
 		return db.MustCount(b, `SELECT count(*) FROM compute_dirty WHERE kind = 'bench'`) == 0
@@ -148,7 +200,7 @@ func benchEndToEnd(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
 			_, err := tx.Exec(ctx, `UPDATE bench_items SET n = n + 1 WHERE key = $1`, key)
 			return workers.Result{}, err
 		}}))
-	rt := workertest.Start(b, db.Pool, reg, &workers.Options{WorkersPerShard: 4})
+	rt := workertest.Start(b, db.Pool, reg, &workers.Options{WorkersPerShard: 4, PollInterval: 100 * time.Millisecond})
 	start := time.Now()
 	const writers = 8
 	errs := make(chan error, writers)

@@ -71,12 +71,13 @@ type Runtime struct {
 	runCancel context.CancelFunc
 	keeperWG  sync.WaitGroup
 
-	mu       sync.Mutex
-	inFlight map[string]map[int64]context.CancelCauseFunc // queue -> job id -> cancel
-	queueOps chan queueOp
-	opsDone  chan struct{}
-	active   map[string]bool // queues added to River
-	stopping bool
+	mu        sync.Mutex
+	inFlight  map[string]map[int64]context.CancelCauseFunc // queue -> job id -> cancel
+	claimIdle sync.Map                                     // queue+reconciler -> time.Time: skip batch claims until
+	queueOps  chan queueOp
+	opsDone   chan struct{}
+	active    map[string]bool // queues added to River
+	stopping  bool
 }
 
 type queueOp struct {
