@@ -4,11 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -64,7 +60,7 @@ func BenchmarkThroughput(b *testing.B) {
 		e2eRate, rss = benchEndToEnd(b, db)
 		peakRSS = max(peakRSS, rss)
 	}
-	tps := pgbenchTPS(b, db, 16, 10*time.Second)
+	tps := pgtest.Pgbench(b, 16, 10*time.Second)
 	b.ReportMetric(rawRate, "raw_river_jobs/s")
 	b.ReportMetric(fencedRate, "fenced_reconciles/s")
 	b.ReportMetric(e2eRate, "e2e_dirty+reconcile/s")
@@ -232,35 +228,6 @@ func benchEndToEnd(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
 	rate = benchJobs / time.Since(start).Seconds()
 	require.NoError(b, rt.Stop(ctx))
 	return rate, peakRSS
-}
-
-// pgbenchTPS runs pgbench -N (no updates of tellers and branches) against the
-// test database's server and returns its TPS.
-func pgbenchTPS(b *testing.B, db *pgtest.DB, clients int, d time.Duration) float64 {
-	bin, err := exec.LookPath("pgbench")
-	if err != nil {
-		matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pgbench")
-		if len(matches) == 0 {
-			b.Fatal("pgbench not found: install postgresql-contrib (Debian 12) or postgresql-client")
-		}
-		bin = matches[len(matches)-1]
-	}
-	u, err := url.Parse(db.URL)
-	require.NoError(b, err)
-	env := append(os.Environ(), "PGHOST="+u.Hostname(), "PGPORT="+u.Port(), "PGUSER="+u.User.Username(),
-		"PGDATABASE="+strings.TrimPrefix(u.Path, "/"))
-	init := exec.Command(bin, "-i", "-q", "-s", "4")
-	init.Env = env
-	out, err := init.CombinedOutput()
-	require.NoError(b, err, "%s", out)
-	run := exec.Command(bin, "-N", "-c", strconv.Itoa(clients), "-j", "2", "-T", strconv.Itoa(int(d.Seconds())))
-	run.Env = env
-	out, err = run.CombinedOutput()
-	require.NoError(b, err, "%s", out)
-	m := regexp.MustCompile(`tps = ([0-9.]+)`).FindSubmatch(out)
-	require.NotNil(b, m, "%s", out)
-	tps, _ := strconv.ParseFloat(string(m[1]), 64)
-	return tps
 }
 
 func rssKB() int64 {

@@ -1,11 +1,6 @@
 package quorum_test
 
 import (
-	"os"
-	"os/exec"
-	"path/filepath"
-	"regexp"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -98,32 +93,7 @@ func pgbenchTPS(b *testing.B, key string) float64 {
 	if tps, ok := pgbenchTPSBy[key]; ok {
 		return tps
 	}
-	bin, err := exec.LookPath("pgbench")
-	if err != nil {
-		matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pgbench")
-		if len(matches) == 0 {
-			b.Fatal("pgbench not found on PATH or under /usr/lib/postgresql")
-		}
-		bin = matches[len(matches)-1]
-	}
-	db := pgtest.New(b, pgtest.Options{Empty: true})
-	if out, err := exec.Command(bin, "-i", "-q", "-s", "10", db.URL).CombinedOutput(); err != nil {
-		b.Fatalf("pgbench -i: %v: %s", err, out)
-	}
-	cmd := exec.Command(bin, "-N", "-c", strconv.Itoa(benchClients), "-j", "2", "-T", "10", db.URL)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		b.Fatalf("pgbench -N: %v: %s", err, out)
-	}
-	m := regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`).FindSubmatch(out)
-	if m == nil {
-		b.Fatalf("no tps in pgbench's output: %s", out)
-	}
-	tps, err := strconv.ParseFloat(string(m[1]), 64)
-	if err != nil {
-		b.Fatal(err)
-	}
+	tps := pgtest.Pgbench(b, benchClients, 10*time.Second)
 	pgbenchTPSBy[key] = tps
 	return tps
 }

@@ -1,0 +1,48 @@
+package pgtest
+
+import (
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+)
+
+var pgbenchTPS = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+
+// Pgbench runs pgbench -N (TPC-B without the teller and branch updates) with
+// clients connections for d on a fresh database of the test server (scale 10),
+// and returns its TPS without the initial connection time: the commit-rate
+// peer that benchmarks report their ratios against, measured in the same run.
+// It fails the benchmark when pgbench is missing (postgresql-contrib on Debian 12,
+// postgresql-client on newer releases).
+func Pgbench(tb testing.TB, clients int, d time.Duration) float64 {
+	tb.Helper()
+	bin, err := exec.LookPath("pgbench")
+	if err != nil {
+		matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pgbench")
+		if len(matches) == 0 {
+			tb.Fatal("pgtest: pgbench not found on PATH or under /usr/lib/postgresql")
+		}
+		bin = matches[len(matches)-1]
+	}
+	db := New(tb, Options{Empty: true})
+	if out, err := exec.Command(bin, "-i", "-q", "-s", "10", db.URL).CombinedOutput(); err != nil {
+		tb.Fatalf("pgtest: pgbench -i: %v: %s", err, out)
+	}
+	out, err := exec.Command(bin, "-N", "-c", strconv.Itoa(clients), "-j", "2",
+		"-T", strconv.Itoa(max(1, int(d.Seconds()))), db.URL).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("pgtest: pgbench -N: %v: %s", err, out)
+	}
+	m := pgbenchTPS.FindSubmatch(out)
+	if m == nil {
+		tb.Fatalf("pgtest: no tps in pgbench's output: %s", out)
+	}
+	tps, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return tps
+}
