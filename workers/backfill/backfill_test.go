@@ -156,6 +156,17 @@ func (g *gate) hook(ctx context.Context, call int) error {
 	}
 }
 
+// waitForLockWaiter waits until a session of the test database waits for a row
+// lock: a pause or cancel queued behind the batch in flight. Releasing the batch
+// before that would let the next batch start first.
+func waitForLockWaiter(t *testing.T, db *pgtest.DB) {
+	t.Helper()
+	workertest.WaitFor(t, 30*time.Second, "a session waiting for the batch's lock", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+	})
+}
+
 // step lets n batches through, one at a time, and waits until the next one has
 // entered (it holds the backfill's row until released).
 func (g *gate) step(t *testing.T, n int) {
@@ -200,7 +211,8 @@ func TestPauseAndResume(t *testing.T) {
 		}
 		paused <- p
 	}()
-	g.release <- struct{}{} // the fourth batch commits; then the pause goes through
+	waitForLockWaiter(t, db) // the pause waits for the batch in flight
+	g.release <- struct{}{}  // the fourth batch commits; then the pause goes through
 	p := <-paused
 	require.NotNil(t, p)
 	require.Equal(t, Paused, p.State)
@@ -268,6 +280,7 @@ func TestCancelAndStartAgain(t *testing.T) {
 		}
 		cancelled <- p
 	}()
+	waitForLockWaiter(t, db) // the cancel waits for the batch in flight
 	g.release <- struct{}{}
 	p := <-cancelled
 	require.NotNil(t, p)
