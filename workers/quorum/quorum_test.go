@@ -24,7 +24,12 @@ import (
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	if url := os.Getenv(killChildEnv); url != "" {
+		os.Exit(runKillChild(url)) // the child of TestKillDuringApply
+	}
+	pgtest.Main(m)
+}
 
 // effects is the test applier's table: one row per applied item, with no key
 // that would refuse a second application, so applying twice would show.
@@ -155,17 +160,17 @@ func TestExpiryJobUnderTheSimClock(t *testing.T) {
 // worker of its own that takes the shard over and applies the batch again.
 const killChildEnv = "BETTER_COMPUTE_QUORUM_KILL_CHILD_URL"
 
-// TestKillChildWorker is the child's side; it does nothing in a normal run.
-func TestKillChildWorker(t *testing.T) {
-	url := os.Getenv(killChildEnv)
-	if url == "" {
-		t.Skip("the child of TestKillDuringApply")
-	}
+// runKillChild is the child's side: a worker whose applier writes its effects,
+// says APPLYING, and blocks with the apply transaction open until it is killed.
+func runKillChild(url string) int {
 	ctx := context.Background()
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "child:", err); return 1 }
 	db, err := pg.Open(ctx, pg.Options{URL: url, MaxConns: 10})
-	require.NoError(t, err)
+	if err != nil {
+		return fail(err)
+	}
 	reg := workers.NewRegistry()
-	require.NoError(t, quorumworkers.Handle(reg, "effects", func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
+	err = quorumworkers.Handle(reg, "effects", func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
 		if err := recordEffects(ctx, tx, b); err != nil {
 			return err
 		}
@@ -175,8 +180,19 @@ func TestKillChildWorker(t *testing.T) {
 		}
 		fmt.Printf("APPLYING batch=%d backend=%d\n", b.ID, pid)
 		select {} // the apply transaction stays open until the parent kills us
-	}))
-	workertest.Start(t, db, reg, nil)
+	})
+	if err != nil {
+		return fail(err)
+	}
+	var shards []int
+	for i := 0; i < pgtest.DefaultShardCount; i++ {
+		shards = append(shards, i)
+	}
+	o := workertest.Fast
+	o.Pool, o.Registry, o.Work, o.Shards = db, reg, true, shards
+	if _, err := workers.Start(ctx, o); err != nil {
+		return fail(err)
+	}
 	select {}
 }
 
@@ -187,7 +203,7 @@ func TestKillDuringApply(t *testing.T) {
 	db.MustExec(t, effectsSQL)
 	id := commitBatch(t, db.Pool, "effects", []any{1, 2, 3, 4}, time.Now().Add(time.Hour))
 
-	child := exec.Command(os.Args[0], "-test.run=^TestKillChildWorker$", "-test.v")
+	child := exec.Command(os.Args[0], "-test.run=^$")
 	child.Env = append(os.Environ(), killChildEnv+"="+db.URL)
 	out, err := child.StdoutPipe()
 	require.NoError(t, err)
