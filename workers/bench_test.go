@@ -105,6 +105,35 @@ func benchRawRiver(b *testing.B, db *pgtest.DB) float64 {
 	return rate
 }
 
+// write plays the application of the end-to-end benchmarks: 8 writers each
+// commit, per transaction, a one-row change and then enqueue(tx, j, key).
+func write(b *testing.B, db *pgtest.DB, enqueue func(tx pgx.Tx, j int, key string) error) {
+	ctx := context.Background()
+	const writers = 8
+	errs := make(chan error, writers)
+	for w := 0; w < writers; w++ {
+		go func() {
+			for j := w; j < benchJobs; j += writers {
+				key := "k" + strconv.Itoa(j+1)
+				err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `UPDATE bench_items SET n = n + 1 WHERE key = $1`, key); err != nil {
+						return err
+					}
+					return enqueue(tx, j, key)
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for w := 0; w < writers; w++ {
+		require.NoError(b, <-errs)
+	}
+}
+
 // benchRawRiverEndToEnd is benchEndToEnd's peer on raw River: 8 writers each
 // commit a one-row change and an InsertTx of a no-op job per transaction, and
 // the clock stops when every job is completed.
@@ -122,30 +151,10 @@ func benchRawRiverEndToEnd(b *testing.B, db *pgtest.DB) float64 {
 	require.NoError(b, err)
 	require.NoError(b, client.Start(ctx))
 	start := time.Now()
-	const writers = 8
-	errs := make(chan error, writers)
-	for w := 0; w < writers; w++ {
-		go func() {
-			for j := w; j < benchJobs; j += writers {
-				key := "k" + strconv.Itoa(j+1)
-				err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
-					if _, err := tx.Exec(ctx, `UPDATE bench_items SET n = n + 1 WHERE key = $1`, key); err != nil {
-						return err
-					}
-					_, err := client.InsertTx(ctx, tx, noopArgs{N: j}, &river.InsertOpts{Queue: "raw_e2e"})
-					return err
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-			errs <- nil
-		}()
-	}
-	for w := 0; w < writers; w++ {
-		require.NoError(b, <-errs)
-	}
+	write(b, db, func(tx pgx.Tx, j int, key string) error {
+		_, err := client.InsertTx(ctx, tx, noopArgs{N: j}, &river.InsertOpts{Queue: "raw_e2e"})
+		return err
+	})
 	workertest.WaitFor(b, 5*time.Minute, "raw e2e jobs done", func() bool {
 		return db.MustCount(b, `SELECT count(*) FROM river_job WHERE queue = 'raw_e2e' AND state <> 'completed'`) == 0
 	})
@@ -198,29 +207,9 @@ func benchEndToEnd(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
 		}}))
 	rt := workertest.Start(b, db.Pool, reg, &workers.Options{WorkersPerShard: 4, PollInterval: 100 * time.Millisecond})
 	start := time.Now()
-	const writers = 8
-	errs := make(chan error, writers)
-	for w := 0; w < writers; w++ {
-		go func() {
-			for j := w; j < benchJobs; j += writers {
-				key := "k" + strconv.Itoa(j+1)
-				err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
-					if _, err := tx.Exec(ctx, `UPDATE bench_items SET n = n + 1 WHERE key = $1`, key); err != nil {
-						return err
-					}
-					return jobs.Dirty(ctx, tx, "bench_e2e", key, nil)
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-			errs <- nil
-		}()
-	}
-	for w := 0; w < writers; w++ {
-		require.NoError(b, <-errs)
-	}
+	write(b, db, func(tx pgx.Tx, _ int, key string) error {
+		return jobs.Dirty(ctx, tx, "bench_e2e", key, nil)
+	})
 	workertest.WaitFor(b, 5*time.Minute, "reconciles done", func() bool {
 		peakRSS = max(peakRSS, float64(rssKB()))
 		return db.MustCount(b, `SELECT count(*) FROM compute_dirty WHERE kind = 'bench_e2e'`) == 0

@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -24,24 +23,6 @@ import (
 	"github.com/bettercompute/bettercompute/workers/backfill"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
-
-type bfResult struct {
-	code           int
-	stdout, stderr string
-}
-
-// bfRun runs one command line in-process.
-func bfRun(t *testing.T, ctx context.Context, app cli.App, env []string, args ...string) bfResult {
-	t.Helper()
-	var stdout, stderr bytes.Buffer
-	code := cli.Run(ctx, app, args, cli.Env{Stdout: &stdout, Stderr: &stderr, Environ: env})
-	t.Logf("%s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
-	return bfResult{code, stdout.String(), stderr.String()}
-}
-
-func bfEnv(db *pgtest.DB) []string {
-	return []string{"BETTER_COMPUTE_DATABASE_URL=" + db.URL, "BETTER_COMPUTE_LOG_LEVEL=warn"}
-}
 
 // bfRegistry is what a worker process of app registers.
 func bfRegistry(t *testing.T, app cli.App) *workers.Registry {
@@ -128,38 +109,38 @@ func TestBackfillWorkedExample(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	env := bfEnv(db)
+	env := dbEnv(db)
 	app := func(release int) cli.App {
 		return cli.App{Name: "inventory", Modules: []cli.Module{inventory.Module(release)}}
 	}
 	const seeded = 20000
 
 	// Release 1: the table, 20,000 items, and its writers.
-	r := bfRun(t, ctx, app(1), env, "migrate")
+	r := run(t, ctx, app(1), env, "migrate")
 	require.Equal(t, 0, r.code, r.stderr)
 	db.MustExec(t, `INSERT INTO inventory_items (name) SELECT 'Item-' || g || '-ABC' FROM generate_series(1, $1) g`, seeded)
 	v1 := startWriters(db, 1, 2)
 	v1.waitOps(t, 20)
 
 	// Release 2, expand, while release 1 writes.
-	r = bfRun(t, ctx, app(2), env, "migrate")
+	r = run(t, ctx, app(2), env, "migrate")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "applied inventory/0002_expand_normalized_name")
 	v1.waitOps(t, 20)
 
 	// Cleaning up before the backfill ran is refused, and leaves nothing.
-	r = bfRun(t, ctx, app(4), env, "migrate")
+	r = run(t, ctx, app(4), env, "migrate")
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "the backfill inventory_normalized_name has not finished")
 	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM compute_migrations WHERE name = 'inventory/0003_normalized_name_not_null'`))
 
 	// Release 2's worker, and the operator starts the backfill.
 	workertest.Start(t, db.Pool, bfRegistry(t, app(2)), nil)
-	r = bfRun(t, ctx, app(2), env, "backfill", "start", "inventory_normalized_name")
+	r = run(t, ctx, app(2), env, "backfill", "start", "inventory_normalized_name")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "started backfill inventory_normalized_name")
 	require.Contains(t, r.stdout, "rows to go")
-	r = bfRun(t, ctx, app(2), env, "backfill", "start", "inventory_normalized_name")
+	r = run(t, ctx, app(2), env, "backfill", "start", "inventory_normalized_name")
 	require.Equal(t, 1, r.code)
 	require.True(t, strings.HasPrefix(r.stderr, "CONFLICT: backfill inventory_normalized_name is already running"), r.stderr)
 
@@ -167,7 +148,7 @@ func TestBackfillWorkedExample(t *testing.T) {
 	// release 1 keeps adding and renaming.
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	r = bfRun(t, wctx, app(2), env, "backfill", "status", "inventory_normalized_name", "--watch", "--every", "50ms")
+	r = run(t, wctx, app(2), env, "backfill", "status", "inventory_normalized_name", "--watch", "--every", "50ms")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.NotContains(t, r.stdout, "\r", "no bar when stdout is not a terminal")
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
@@ -208,7 +189,7 @@ func TestBackfillWorkedExample(t *testing.T) {
 	}
 
 	// Release 4, clean up, while release 3 writes.
-	r = bfRun(t, ctx, app(4), env, "migrate")
+	r = run(t, ctx, app(4), env, "migrate")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "applied inventory/0003_normalized_name_not_null")
 	v3.waitOps(t, 20)
@@ -223,10 +204,10 @@ func TestBackfillWorkedExample(t *testing.T) {
 	require.Equal(t, "23502", pg.SQLState(err))
 
 	// Release 4 no longer registers the backfill; its record stays.
-	r = bfRun(t, ctx, app(4), env, "backfill", "status", "inventory_normalized_name")
+	r = run(t, ctx, app(4), env, "backfill", "status", "inventory_normalized_name")
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "NOT_FOUND")
-	r = bfRun(t, ctx, app(3), env, "backfill", "list")
+	r = run(t, ctx, app(3), env, "backfill", "list")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Regexp(t, `inventory_normalized_name\s+done\s+\d+`, r.stdout)
 }
@@ -274,88 +255,88 @@ func TestBackfillVerbs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	env := bfEnv(db)
+	env := dbEnv(db)
 	app := verbsApp()
-	r := bfRun(t, ctx, app, env, "migrate")
+	r := run(t, ctx, app, env, "migrate")
 	require.Equal(t, 0, r.code, r.stderr)
 
 	for _, args := range [][]string{{"backfill"}, {"backfill", "frobnicate", "alpha_fill"}, {"backfill", "start"},
 		{"backfill", "list", "extra"}, {"backfill", "status", "alpha_fill", "--progress", "sparkles"}} {
-		r = bfRun(t, ctx, app, env, args...)
+		r = run(t, ctx, app, env, args...)
 		require.Equal(t, 1, r.code)
 		require.True(t, strings.HasPrefix(r.stderr, "INVALID_ARGUMENT: "), r.stderr)
 	}
-	r = bfRun(t, ctx, app, env, "backfill", "start", "nope")
+	r = run(t, ctx, app, env, "backfill", "start", "nope")
 	require.Equal(t, 1, r.code)
 	require.Equal(t, "NOT_FOUND: unknown backfill \"nope\": this binary knows alpha_fill, beta_fill\n", r.stderr)
-	r = bfRun(t, ctx, cli.App{}, env, "backfill", "start", "alpha_fill")
+	r = run(t, ctx, cli.App{}, env, "backfill", "start", "alpha_fill")
 	require.Equal(t, 1, r.code, "a binary that does not register it does not know it")
 	require.Contains(t, r.stderr, "NOT_FOUND")
 
-	r = bfRun(t, ctx, app, env, "backfill", "status", "alpha_fill")
+	r = run(t, ctx, app, env, "backfill", "status", "alpha_fill")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "pending (never started)")
-	r = bfRun(t, ctx, app, env, "backfill", "pause", "alpha_fill")
+	r = run(t, ctx, app, env, "backfill", "pause", "alpha_fill")
 	require.Equal(t, 1, r.code)
 	require.Equal(t, "NOT_FOUND: backfill alpha_fill was never started\n", r.stderr)
 
 	// Started with no worker running: it stays running, its first job waiting.
-	r = bfRun(t, ctx, app, env, "backfill", "start", "alpha_fill")
+	r = run(t, ctx, app, env, "backfill", "start", "alpha_fill")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "~500 rows to go")
-	r = bfRun(t, ctx, app, env, "backfill", "start", "alpha_fill")
+	r = run(t, ctx, app, env, "backfill", "start", "alpha_fill")
 	require.Equal(t, 1, r.code)
 	require.Equal(t, "CONFLICT: backfill alpha_fill is already running (batch 0)\n", r.stderr)
-	r = bfRun(t, ctx, app, env, "backfill", "resume", "alpha_fill")
+	r = run(t, ctx, app, env, "backfill", "resume", "alpha_fill")
 	require.Equal(t, 1, r.code)
 	require.True(t, strings.HasPrefix(r.stderr, "CONFLICT: "), r.stderr)
-	r = bfRun(t, ctx, app, env, "backfill", "list")
+	r = run(t, ctx, app, env, "backfill", "list")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Regexp(t, `alpha_fill\s+running\s+0\s+0\s+0%`, r.stdout)
 	require.Regexp(t, `beta_fill\s+pending`, r.stdout)
 
 	workertest.Start(t, db.Pool, bfRegistry(t, app), nil)
-	r = bfRun(t, ctx, app, env, "backfill", "status", "alpha_fill", "--watch", "--every", "50ms", "--progress", "bar")
+	r = run(t, ctx, app, env, "backfill", "status", "alpha_fill", "--watch", "--every", "50ms", "--progress", "bar")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "100%", "the bar ends full")
 	require.Contains(t, r.stdout, "(500/500)")
 	require.Contains(t, r.stdout, "alpha_fill: done, 500 rows in 6 batches")
-	r = bfRun(t, ctx, app, env, "backfill", "status", "alpha_fill")
+	r = run(t, ctx, app, env, "backfill", "status", "alpha_fill")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Regexp(t, `(?m)^state:\s+done$`, r.stdout)
 	require.Regexp(t, `(?m)^progress:\s+500 rows in 6 batches$`, r.stdout)
 	require.Regexp(t, `(?m)^finished:`, r.stdout)
 
 	// A batch that fails: retried with backoff, its last error in status.
-	r = bfRun(t, ctx, app, env, "backfill", "start", "beta_fill")
+	r = run(t, ctx, app, env, "backfill", "start", "beta_fill")
 	require.Equal(t, 0, r.code, r.stderr)
 	workertest.WaitFor(t, 30*time.Second, "beta's error recorded", func() bool {
 		p, err := backfill.Get(ctx, db.Pool, "beta_fill")
 		return err == nil && p.LastError != nil && p.JobState != nil && *p.JobState == "retryable"
 	})
-	r = bfRun(t, ctx, app, env, "backfill", "status", "beta_fill")
+	r = run(t, ctx, app, env, "backfill", "status", "beta_fill")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Regexp(t, `(?m)^state:\s+running, retrying batch 0 \(attempt \d+ of 25 failed; next at `, r.stdout)
 	require.Regexp(t, `(?m)^last error:\s+attempt \d+: backfill beta_fill batch 0: beta is broken: column b is cursed \(.*, \d+ failed attempts this run\)$`, r.stdout)
-	r = bfRun(t, ctx, app, env, "backfill", "list")
+	r = run(t, ctx, app, env, "backfill", "list")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Regexp(t, `beta_fill\s+running\s+0\s+0\s+-\s+-\s+-\s+attempt \d+: backfill beta_fill batch 0: beta is broken`, r.stdout)
 
-	r = bfRun(t, ctx, app, env, "backfill", "pause", "beta_fill")
+	r = run(t, ctx, app, env, "backfill", "pause", "beta_fill")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "paused backfill beta_fill after 0 rows in 0 batches")
-	r = bfRun(t, ctx, app, env, "backfill", "pause", "beta_fill")
+	r = run(t, ctx, app, env, "backfill", "pause", "beta_fill")
 	require.Equal(t, 0, r.code, "pausing a paused backfill changes nothing")
-	r = bfRun(t, ctx, app, env, "backfill", "status", "beta_fill")
+	r = run(t, ctx, app, env, "backfill", "status", "beta_fill")
 	require.Regexp(t, `(?m)^state:\s+paused$`, r.stdout)
 	require.Regexp(t, `(?m)^job:\s+\d+, cancelled, `, r.stdout, "the waiting retry was cancelled in River")
-	r = bfRun(t, ctx, app, env, "backfill", "cancel", "beta_fill")
+	r = run(t, ctx, app, env, "backfill", "cancel", "beta_fill")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "cancelled backfill beta_fill")
-	r = bfRun(t, ctx, app, env, "backfill", "resume", "beta_fill")
+	r = run(t, ctx, app, env, "backfill", "resume", "beta_fill")
 	require.Equal(t, 1, r.code)
 	require.Equal(t, "CONFLICT: backfill beta_fill is cancelled: start runs it again\n", r.stderr)
-	r = bfRun(t, ctx, app, env, "backfill", "cancel", "alpha_fill")
+	r = run(t, ctx, app, env, "backfill", "cancel", "alpha_fill")
 	require.Equal(t, 1, r.code)
 	require.Equal(t, "CONFLICT: backfill alpha_fill is done: only a running or paused backfill is cancelled\n", r.stderr)
 }
@@ -365,10 +346,10 @@ func TestBackfillVerbs(t *testing.T) {
 func TestDevStartsTheDemoBackfill(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	env := append(bfEnv(db), "BETTER_COMPUTE_LISTEN=127.0.0.1:0", "BETTER_COMPUTE_POLL_INTERVAL=20ms")
+	env := append(dbEnv(db), "BETTER_COMPUTE_LISTEN=127.0.0.1:0", "BETTER_COMPUTE_POLL_INTERVAL=20ms")
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan bfResult, 1)
-	go func() { done <- bfRun(t, ctx, cli.App{}, env, "dev") }()
+	done := make(chan result, 1)
+	go func() { done <- run(t, ctx, cli.App{}, env, "dev") }()
 	workertest.WaitFor(t, 60*time.Second, "the demo backfill's batches", func() bool {
 		var n int
 		err := db.QueryRow(context.Background(), `SELECT count(*) FROM river_job
@@ -380,10 +361,10 @@ func TestDevStartsTheDemoBackfill(t *testing.T) {
 	require.Equal(t, backfill.Running, p.State)
 	require.Greater(t, p.RowsDone, int64(0))
 
-	r := bfRun(t, context.Background(), cli.App{}, env, "backfill", "status", cli.DemoBackfill, "--demo")
+	r := run(t, context.Background(), cli.App{}, env, "backfill", "status", cli.DemoBackfill, "--demo")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Regexp(t, `(?m)^state:\s+running`, r.stdout)
-	r = bfRun(t, context.Background(), cli.App{}, env, "backfill", "status", cli.DemoBackfill)
+	r = run(t, context.Background(), cli.App{}, env, "backfill", "status", cli.DemoBackfill)
 	require.Equal(t, 1, r.code, "without --demo the binary does not know it")
 	cancel()
 	select {
