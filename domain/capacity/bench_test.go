@@ -43,7 +43,7 @@ func BenchmarkReserve(b *testing.B) {
 		}
 		makePool(b, db, poolSpec{ID: "p", Nodes: devices / perNode, PerNode: perNode, Tenants: tenants})
 		b.Run(fmt.Sprintf("devices=%d", devices), func(b *testing.B) {
-			benchReserve(b, db, pgbenchTPS(b, b.Name()))
+			benchReserve(b, db, pgtest.PgbenchOnce(b, b.Name(), benchClients, 10*time.Second))
 		})
 	}
 }
@@ -116,25 +116,4 @@ func benchReserve(b *testing.B, db *pgtest.DB, tps float64) {
 	b.ReportMetric(1000*float64(retries.Load())/float64(max(ok.Load(), 1)), "retries/1k")
 	b.ReportMetric(tps, "pgbench_tps")
 	b.ReportMetric(perSec/tps, "reservations_per_pgbench_tx")
-}
-
-var (
-	pgbenchMu    sync.Mutex
-	pgbenchTPSBy = map[string]float64{}
-)
-
-// pgbenchTPS runs pgbench -N with 32 clients for 10 s on a database of the test
-// server and returns its TPS (without the initial connection time). It runs once
-// per key (a sub-benchmark), right before that sub-benchmark's first
-// measurement, so that each ratio compares figures taken close together.
-func pgbenchTPS(b *testing.B, key string) float64 {
-	b.Helper()
-	pgbenchMu.Lock()
-	defer pgbenchMu.Unlock()
-	if tps, ok := pgbenchTPSBy[key]; ok {
-		return tps
-	}
-	tps := pgtest.Pgbench(b, benchClients, 10*time.Second)
-	pgbenchTPSBy[key] = tps
-	return tps
 }

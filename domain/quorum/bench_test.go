@@ -28,7 +28,7 @@ func BenchmarkVote(b *testing.B) {
 	for _, mode := range []string{"same_batch", "own_batch"} {
 		db := pgtest.New(b, pgtest.Options{MaxConns: benchClients + 8})
 		b.Run(mode, func(b *testing.B) {
-			tps := pgbenchTPS(b, b.Name())
+			tps := pgtest.PgbenchOnce(b, b.Name(), benchClients, 10*time.Second)
 			perClient := (b.N + benchClients - 1) / benchClients
 			// Batches: same_batch needs perClient batches shared by everyone;
 			// own_batch needs perClient batches per client.
@@ -75,25 +75,4 @@ func BenchmarkVote(b *testing.B) {
 			b.ReportMetric(perSec/tps, "votes_per_pgbench_tx")
 		})
 	}
-}
-
-var (
-	pgbenchMu    sync.Mutex
-	pgbenchTPSBy = map[string]float64{}
-)
-
-// pgbenchTPS runs pgbench -N with 32 clients for 10 s on a database of the test
-// server and returns its TPS (without the initial connection time). It runs once
-// per key (a sub-benchmark), right before that sub-benchmark's first
-// measurement, so that each ratio compares figures taken close together.
-func pgbenchTPS(b *testing.B, key string) float64 {
-	b.Helper()
-	pgbenchMu.Lock()
-	defer pgbenchMu.Unlock()
-	if tps, ok := pgbenchTPSBy[key]; ok {
-		return tps
-	}
-	tps := pgtest.Pgbench(b, benchClients, 10*time.Second)
-	pgbenchTPSBy[key] = tps
-	return tps
 }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 )
@@ -44,5 +45,25 @@ func Pgbench(tb testing.TB, clients int, d time.Duration) float64 {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return tps
+}
+
+var (
+	pgbenchMu   sync.Mutex
+	pgbenchByID = map[string]float64{}
+)
+
+// PgbenchOnce is Pgbench run once per key (a sub-benchmark's name, say) in this
+// test binary: a benchmark function runs several times with growing b.N, and its
+// peer should be measured once, right before the first of them.
+func PgbenchOnce(tb testing.TB, key string, clients int, d time.Duration) float64 {
+	tb.Helper()
+	pgbenchMu.Lock()
+	defer pgbenchMu.Unlock()
+	if tps, ok := pgbenchByID[key]; ok {
+		return tps
+	}
+	tps := Pgbench(tb, clients, d)
+	pgbenchByID[key] = tps
 	return tps
 }
