@@ -32,6 +32,7 @@ type Config struct {
 	DatabaseURL      string        `env:"DATABASE_URL" help:"PostgreSQL URL (postgres://…), or embedded:DIR / embedded:memory for a private cluster"`
 	DBMaxConns       int           `env:"DB_MAX_CONNS" envDefault:"20" help:"maximum connections in this process's pool"`
 	StatementTimeout time.Duration `env:"STATEMENT_TIMEOUT" envDefault:"15s" help:"statement timeout, SET LOCAL in every transaction"`
+	DBCancelRequests bool          `env:"DB_CANCEL_REQUESTS" envDefault:"false" help:"a cancelled statement sends a PostgreSQL cancel request instead of closing its connection (direct connections only: PgBouncer 1.18 can crash on cancel requests)"`
 	LogLevel         string        `env:"LOG_LEVEL" envDefault:"info" help:"trace, debug, info, warn or error"`
 	LogFormat        string        `env:"LOG_FORMAT" help:"json or console (default: console when stderr is a terminal, else json)"`
 	PGBin            string        `env:"PG_BIN" help:"directory of initdb and postgres for embedded: URLs (default: PATH, then /usr/lib/postgresql/*/bin)"`

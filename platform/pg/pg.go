@@ -25,15 +25,24 @@
 //
 // # Cancellation
 //
-// A cancelled context (SIGINT in the CLI) cancels the running statement on the
-// server with a CancelRequest, so its transaction rolls back at once and
-// releases its locks, and the connection stays usable.
+// A cancelled context (SIGINT in the CLI, a job whose lease was lost) closes the
+// connection by default; it never sends a PostgreSQL cancel request, because a
+// pooler may not survive one (PgBouncer 1.18, what Debian 12 ships, can crash
+// with "disconnect_client(): bad client state" on cancel requests in
+// transaction mode), and whether a URL points at a pooler cannot be known. Every
+// transaction sets client_connection_check_interval (SET LOCAL), so the server
+// notices the closed connection within a second even in the middle of a long
+// statement or a lock wait, rolls the transaction back and releases its locks.
+// The cost is a reconnect for the next checkout. Options.CancelRequests turns
+// cancel requests back on for a direct connection: the statement is cancelled
+// at once and the connection stays usable.
 package pg
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -57,8 +66,12 @@ type DBTX interface {
 }
 
 // cancelGrace is how long a cancelled statement has to end on the server before
-// its connection is dropped.
+// its connection is dropped, when cancel requests are on.
 const cancelGrace = 2 * time.Second
+
+// clientCheckInterval is how often a server backend checks, while it runs a
+// statement, that its client is still connected (client_connection_check_interval).
+const clientCheckInterval = time.Second
 
 // Options configure Open.
 type Options struct {
@@ -68,6 +81,11 @@ type Options struct {
 	// ApplicationName is reported in pg_stat_activity. It is sent with each BEGIN
 	// (SET LOCAL), never as a startup parameter.
 	ApplicationName string
+	// CancelRequests makes a cancelled context send a PostgreSQL cancel request
+	// for the running statement (keeping the connection) instead of closing the
+	// connection. Only for a direct connection: some poolers crash on cancel
+	// requests (see the package doc).
+	CancelRequests bool
 }
 
 // Pool is a pgxpool.Pool whose Begin sets the statement timeout. River and
@@ -77,6 +95,7 @@ type Pool struct {
 	beginSQL string // BEGIN plus SET LOCAL, sent as one simple-protocol message
 	timeout  time.Duration
 	app      string // application_name, SET LOCAL in each transaction
+	check    time.Duration
 }
 
 // Open connects a pool. It returns INVALID_CONFIG for a URL that does not parse
@@ -100,20 +119,40 @@ func Open(ctx context.Context, o Options) (*Pool, error) {
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
-	// A cancelled context cancels the statement on the server (a CancelRequest,
-	// which PgBouncer forwards), so its transaction rolls back now and releases
-	// its locks. pgx's default only drops the connection, and the server goes on
-	// running the statement (a migration, with the migration lock held) until it
-	// next writes to the socket.
-	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: cancelGrace}
+	// A cancelled context closes the connection (pgx's default handler); the
+	// server notices within clientCheckInterval (see beginSQL). With
+	// CancelRequests it cancels the statement on the server instead.
+	check := clientCheckInterval
+	if o.CancelRequests {
+		cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+			return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: cancelGrace}
+		}
+		check = 0
+	} else {
+		cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+			return closeOnCancel{c.Conn()}
+		}
+		// pgx also sends a cancel request when it closes a connection after an
+		// interrupted operation; its target is the connection's RemoteAddr, which
+		// noCancelConn makes undialable, so none is ever sent.
+		dial := cfg.ConnConfig.DialFunc
+		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if network == noCancelNetwork {
+				return nil, errNoCancel
+			}
+			c, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return noCancelConn{c}, nil
+		}
 	}
 
-	p := &Pool{timeout: o.StatementTimeout, app: o.ApplicationName}
+	p := &Pool{timeout: o.StatementTimeout, app: o.ApplicationName, check: check}
 	if p.timeout == 0 {
 		p.timeout = 15 * time.Second
 	}
-	p.beginSQL = beginSQL("", false, p.timeout, o.ApplicationName)
+	p.beginSQL = beginSQL("", false, p.timeout, check, o.ApplicationName)
 
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -122,10 +161,39 @@ func Open(ctx context.Context, o Options) (*Pool, error) {
 	p.Pool = pool
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
+		if st := SQLState(err); st != "" {
+			return nil, Translate(redactErr(fmt.Errorf("cannot connect: %w", err), o.URL))
+		}
 		return nil, Translate(redactErr(fmt.Errorf("cannot reach the database: %w", err), o.URL))
 	}
 	return p, nil
 }
+
+// closeOnCancel closes the server connection when the context of an operation
+// on it is cancelled. (pgx's default only sets a deadline, and then waits up to
+// 15 s for the server to finish the statement before it closes the socket: a
+// server busy in a long statement or a lock wait reads nothing until then.)
+type closeOnCancel struct{ conn net.Conn }
+
+func (h closeOnCancel) HandleCancel(context.Context) { _ = h.conn.Close() }
+func (h closeOnCancel) HandleUnwatchAfterCancel()    {}
+
+// noCancelNetwork is the network of a noCancelConn's RemoteAddr.
+const noCancelNetwork = "bettercompute-no-cancel-requests"
+
+var errNoCancel = errors.New("cancel requests are off (BETTER_COMPUTE_DB_CANCEL_REQUESTS)")
+
+// noCancelConn is a server connection whose remote address cannot be dialed, so
+// that pgx, which sends a cancel request to that address when it closes a
+// connection whose context was cancelled, sends none.
+type noCancelConn struct{ net.Conn }
+
+func (noCancelConn) RemoteAddr() net.Addr { return noCancelAddr{} }
+
+type noCancelAddr struct{}
+
+func (noCancelAddr) Network() string { return noCancelNetwork }
+func (noCancelAddr) String() string  { return "no cancel requests" }
 
 // redacted is an error whose text has the password removed, keeping the cause
 // in the chain so that SQLState and Translate still read it.
@@ -157,7 +225,7 @@ func (p *Pool) Begin(ctx context.Context) (pgx.Tx, error) {
 func (p *Pool) beginWith(ctx context.Context, opts *TxOptions) (pgx.Tx, error) {
 	sql := p.beginSQL
 	if opts != nil && (opts.Isolation != "" || opts.ReadOnly) {
-		sql = beginSQL(opts.Isolation, opts.ReadOnly, p.timeout, p.app)
+		sql = beginSQL(opts.Isolation, opts.ReadOnly, p.timeout, p.check, p.app)
 	}
 	return p.begin(ctx, sql)
 }
@@ -261,7 +329,7 @@ func InTx(ctx context.Context, db DBTX, opts *TxOptions, fn func(tx pgx.Tx) erro
 	return nil
 }
 
-func beginSQL(iso pgx.TxIsoLevel, readOnly bool, timeout time.Duration, app string) string {
+func beginSQL(iso pgx.TxIsoLevel, readOnly bool, timeout, check time.Duration, app string) string {
 	var b strings.Builder
 	b.WriteString("BEGIN")
 	if iso != "" {
@@ -276,6 +344,10 @@ func beginSQL(iso pgx.TxIsoLevel, readOnly bool, timeout time.Duration, app stri
 		// long GC) must not hold its locks, and so a lease takeover, for ever.
 		fmt.Fprintf(&b, "; SET LOCAL statement_timeout = %d; SET LOCAL idle_in_transaction_session_timeout = %d",
 			timeout.Milliseconds(), timeout.Milliseconds())
+	}
+	if check > 0 {
+		// A closed connection (a cancelled context) ends the statement in flight.
+		fmt.Fprintf(&b, "; SET LOCAL client_connection_check_interval = %d", check.Milliseconds())
 	}
 	if app != "" {
 		fmt.Fprintf(&b, "; SET LOCAL application_name = %s", quoteLiteral(app))
@@ -299,7 +371,7 @@ func SQLState(err error) string {
 // Translate gives a driver error a fault code, keeping it as the cause:
 // pgx.ErrNoRows is NOT_FOUND; exclusion, unique, serialization and deadlock
 // failures are CONFLICT; a dead connection or an unreachable server is
-// UNAVAILABLE. An error that already carries a code, or nil, is returned as is.
+// UNAVAILABLE; a refused login or a missing database is INVALID_CONFIG. An error that already carries a code, or nil, is returned as is.
 func Translate(err error) error {
 	if err == nil {
 		return nil
@@ -317,7 +389,8 @@ func Translate(err error) error {
 	case st == "57014":
 		return &fault.Error{Code: fault.Unavailable, Message: "statement timeout", Err: err}
 	case st == "28P01" || st == "28000":
-		return &fault.Error{Code: fault.Unavailable, Message: "the database refused the login", Err: err}
+		// Wrong credentials are the deployment's configuration, not an outage.
+		return &fault.Error{Code: fault.InvalidConfig, Message: "the database refused the login (check the user and password of BETTER_COMPUTE_DATABASE_URL)", Err: err}
 	case st == "3D000":
 		return &fault.Error{Code: fault.InvalidConfig, Message: "the database does not exist", Err: err}
 	case strings.HasPrefix(st, "08") || strings.HasPrefix(st, "57P") || st == "53300":

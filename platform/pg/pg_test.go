@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -248,51 +246,77 @@ func TestStatementTimeoutFiresAndDoesNotOutliveTheTransaction(t *testing.T) {
 // TestCancelledContextCancelsTheStatement: cancelling the context (SIGINT in the
 // CLI) stops the statement on the server, so its transaction rolls back at once
 // and releases its locks, instead of running on behind a dropped connection.
-func TestCancelledContextCancelsTheStatement(t *testing.T) {
+// TestCancelledContextEndsTheStatement: a cancelled context ends the statement
+// and its transaction on the server. By default it closes the connection and
+// sends no cancel request (a pooler may crash on one), and the server notices
+// the closed connection within a second or so; with CancelRequests it sends a
+// cancel request and keeps the connection.
+func TestCancelledContextEndsTheStatement(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	db := pgtest.New(t, pgtest.Options{Empty: true, MaxConns: 1})
-	db.MustExec(t, "CREATE TABLE t (id int)")
-	var pid uint32
-	require.NoError(t, db.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	for _, tc := range []struct {
+		name           string
+		cancelRequests bool
+	}{{"default: close, no cancel request", false}, {"cancel requests on", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.New(t, pgtest.Options{Empty: true})
+			db.MustExec(t, "CREATE TABLE t (id int)")
+			proxy := pgtest.StartCancelCounter(t, db.URL)
+			pool, err := pg.Open(ctx, pg.Options{URL: proxy.URL(db.URL), MaxConns: 1, CancelRequests: tc.cancelRequests})
+			require.NoError(t, err)
+			defer pool.Close()
+			var pid uint32
+			require.NoError(t, pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
 
-	admin, err := pgx.Connect(ctx, pgtest.AdminURL(t))
-	require.NoError(t, err)
-	defer admin.Close(ctx)
-	sleeping := func() (int, error) {
-		var n int
-		err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = $1 AND (wait_event = 'PgSleep' OR state LIKE 'idle in transaction%')`, db.Name).Scan(&n)
-		return n, err
-	}
-
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		done <- pg.InTx(runCtx, db.Pool, nil, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(runCtx, "INSERT INTO t VALUES (1)"); err != nil {
-				return err
+			admin, err := pgx.Connect(ctx, pgtest.AdminURL(t))
+			require.NoError(t, err)
+			defer admin.Close(ctx)
+			sleeping := func() int {
+				var n int
+				require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE datname = $1 AND (wait_event = 'PgSleep' OR state LIKE 'idle in transaction%')`, db.Name).Scan(&n))
+				return n
 			}
-			_, err := tx.Exec(runCtx, "SELECT pg_sleep(60)")
-			return err
+
+			runCtx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				done <- pg.InTx(runCtx, pool, nil, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(runCtx, "INSERT INTO t VALUES (1)"); err != nil {
+						return err
+					}
+					_, err := tx.Exec(runCtx, "SELECT pg_sleep(60)")
+					return err
+				})
+			}()
+			require.Eventually(t, func() bool { return sleeping() > 0 }, 30*time.Second, 10*time.Millisecond)
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("InTx did not return after its context was cancelled")
+			}
+			require.Error(t, err)
+			// The statement ends on the server well before the statement timeout
+			// (15 s) and the 60 s sleep; its transaction rolls back.
+			ended := time.Now()
+			require.Eventually(t, func() bool { return sleeping() == 0 }, 10*time.Second, 20*time.Millisecond, "the statement still runs on the server")
+			t.Logf("the server ended the statement %s after InTx returned", time.Since(ended).Round(time.Millisecond))
+			require.Equal(t, 0, db.MustCount(t, "SELECT count(*) FROM t"))
+
+			var after uint32
+			require.NoError(t, pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&after), "the pool reconnects")
+			if tc.cancelRequests {
+				require.GreaterOrEqual(t, proxy.Cancels(), int64(1), "a cancel request was sent")
+				require.Equal(t, pid, after, "the connection survived the cancel")
+			} else {
+				require.Zero(t, proxy.Cancels(), "no cancel request may be sent")
+				require.NotEqual(t, pid, after, "the cancelled connection was closed")
+			}
 		})
-	}()
-	require.Eventually(t, func() bool { n, err := sleeping(); return err == nil && n > 0 }, 30*time.Second, 10*time.Millisecond)
-	cancel()
-	select {
-	case err = <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("InTx did not return after its context was cancelled")
 	}
-	require.Error(t, err)
-	n, err := sleeping()
-	require.NoError(t, err)
-	require.Equal(t, 0, n, "the statement still runs on the server")
-	require.Equal(t, 0, db.MustCount(t, "SELECT count(*) FROM t"))
-	var after uint32
-	require.NoError(t, db.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&after))
-	require.Equal(t, pid, after, "the connection survived the cancel")
 }
 
 func TestSQLStateAndTranslate(t *testing.T) {
@@ -531,48 +555,23 @@ func TestOpenErrors(t *testing.T) {
 
 // TestWrongPassword runs a cluster of its own that asks for passwords (the
 // shared test cluster trusts every login), and checks that a refused login is
-// UNAVAILABLE and that the password is not echoed.
+// INVALID_CONFIG (a configuration error, not an outage) saying that
+// authentication failed, and that the password is not echoed.
 func TestWrongPassword(t *testing.T) {
 	t.Parallel()
-	if _, err := embedded.FindBin(""); err != nil {
-		t.Skip("no PostgreSQL binaries for a second cluster:", err)
-	}
 	ctx := context.Background()
-	// The server runs as an unprivileged user when the tests run as root, so
-	// its files live in a directory others can enter.
-	root, err := os.MkdirTemp("", "bc-pg-password-")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	require.NoError(t, os.Chmod(root, 0o755))
-	hba := filepath.Join(root, "pg_hba.conf")
-	require.NoError(t, os.WriteFile(hba, []byte(
-		"host all postgres 127.0.0.1/32 trust\n"+
-			"host all all 127.0.0.1/32 scram-sha-256\n"), 0o644))
-	c, err := embedded.Start(ctx, embedded.Options{
-		Dir: filepath.Join(root, "data"), Fast: true,
-		Settings: map[string]string{"hba_file": hba},
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Stop() })
-
-	admin, err := pgx.Connect(ctx, c.DatabaseURL("postgres"))
-	require.NoError(t, err)
-	_, err = admin.Exec(ctx, "CREATE ROLE bob LOGIN PASSWORD '"+secret+"'")
-	require.NoError(t, err)
-	require.NoError(t, admin.Close(ctx))
-
-	good := fmt.Sprintf("postgres://bob:%s@127.0.0.1:%d/postgres?sslmode=disable", secret, c.Port())
-	pool, err := pg.Open(ctx, pg.Options{URL: good})
+	srv := pgtest.NewPasswordServer(t, "bob", secret)
+	pool, err := pg.Open(ctx, pg.Options{URL: srv.URL(secret)})
 	require.NoError(t, err, "the right password logs in")
 	pool.Close()
 
 	for _, u := range []string{
-		fmt.Sprintf("postgres://bob:%s@127.0.0.1:%d/postgres?sslmode=disable", "wrong-"+secret, c.Port()),
-		fmt.Sprintf("host=127.0.0.1 port=%d user=bob password=wrong-%s dbname=postgres sslmode=disable", c.Port(), secret),
+		srv.URL("wrong-" + secret),
+		fmt.Sprintf("host=127.0.0.1 port=%d user=bob password=wrong-%s dbname=postgres sslmode=disable", srv.Port, secret),
 	} {
 		_, err := pg.Open(ctx, pg.Options{URL: u})
 		requireNoSecret(t, err)
-		require.Equal(t, fault.Unavailable, fault.CodeOf(err), "%v", err)
-		require.Contains(t, err.Error(), "password authentication failed")
+		require.Equal(t, fault.InvalidConfig, fault.CodeOf(err), "%v", err)
+		require.Contains(t, err.Error(), "authentication failed")
 	}
 }

@@ -280,6 +280,7 @@ func (s *Session) Pool(ctx context.Context) (*pg.Pool, error) {
 		URL:              url,
 		MaxConns:         int32(s.Config.DBMaxConns),
 		StatementTimeout: s.Config.StatementTimeout,
+		CancelRequests:   s.Config.DBCancelRequests,
 	})
 	if err != nil {
 		return nil, err
