@@ -13,18 +13,40 @@
 //
 //	want ──lease acquired──▶ hand back the previous holder's running jobs of the
 //	                         shard (in the acquiring transaction) ──▶ add queue
+//	held ──every renewal──▶ hand back running jobs of the shard that another
+//	                        client attempted ──▶ held
 //	held ──lease lost──▶ cancel the shard's in-flight jobs ──▶ remove queue ──▶ want
 //	held ──SIGTERM──▶ stop fetching; in-flight jobs finish within the grace period
 //	                  or are cancelled and handed back ──▶ release the leases
 //
-// River would wait an hour to rescue a dead process's running jobs; the handback
-// at takeover makes work resume within one TTL.
+// # Invariant: the holder owns every running job of its shard
+//
+// River would wait an hour to rescue a dead process's running jobs, and River's
+// fetch is not fenced by our lease: a process paused past its lease that wakes
+// can fetch jobs of a shard it no longer holds before its next lease round says
+// so, and die holding them, with no takeover ever to come (the holder never
+// changed). So:
+//
+//   - the holder hands back, at its takeover and after every lease round (so
+//     within one renewal interval), every running job of its shard's queue whose
+//     latest attempt is another client's, in one statement fenced by its own
+//     lease (a process that lost the lease hands back nothing); the stray attempt
+//     is fenced, so it can never commit;
+//   - a job is not started, and is given back (snoozed), when its process does
+//     not hold the shard's lease unexpired by its own clock; and an attempt that
+//     fails after its process lost the lease is given back the same way, never
+//     left to River's retry backoff (River's completer checks only state =
+//     'running', so the stale attempt's outcome would land on the holder's
+//     attempt of the same job).
+//
+// Work therefore resumes within one TTL after a crash, and within one renewal
+// interval of a stray fetch.
 //
 // # The fenced job transaction
 //
 // InTx runs a job's domain writes in one transaction that
 //
-//  1. locks the shard lease row FOR SHARE with this process's owner and epoch,
+//  1. locks the shard lease row FOR KEY SHARE with this process's owner and epoch,
 //  2. locks the job's own river_job row FOR UPDATE with this attempt and state
 //     running (both in one round trip),
 //  3. runs the worker's writes,

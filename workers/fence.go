@@ -77,7 +77,7 @@ func InTxLease[T river.JobArgs](ctx context.Context, job *river.Job[T], l lease.
 }
 
 // Fence runs both fences as the first statements of tx, in one round trip: the
-// lease l FOR SHARE, and job's row with its attempt FOR UPDATE. It returns FENCED
+// lease l FOR KEY SHARE, and job's row with its attempt FOR UPDATE. It returns FENCED
 // when either finds nothing.
 func Fence(ctx context.Context, tx pgx.Tx, l lease.Lease, job *rivertype.JobRow) error {
 	b := &pgx.Batch{}

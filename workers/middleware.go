@@ -45,9 +45,27 @@ func (m *jobMiddleware) Work(ctx context.Context, job *rivertype.JobRow, doInner
 	}()
 
 	start := time.Now()
-	err := doInner(ctx)
-	if err != nil && ctx.Err() != nil && fault.Has(context.Cause(ctx), fault.Fenced) {
+	_, isShard := shardOfQueue(job.Queue)
+	held := func() bool { _, ok := m.rt.leaseForQueue(job.Queue); return ok }
+	var err error
+	if isShard && !held() {
+		// Fetched after the lease was lost (a paused process that woke: River's
+		// fetch is not fenced): not started, given back to the holder.
+		err = fault.New(fault.Fenced, "job %d not started: this process no longer holds the lease of %s", job.ID, job.Queue)
+	} else {
+		err = doInner(ctx)
+	}
+	switch {
+	case err == nil || fault.Has(err, fault.Fenced):
+	case ctx.Err() != nil && fault.Has(context.Cause(ctx), fault.Fenced):
 		err = fault.Wrap(fault.Fenced, err, "cancelled: %v", context.Cause(ctx))
+	case isShard && !held():
+		// Whatever failed (a paused process's transaction ended by the server, a
+		// connection closed under it), this attempt is stale now: its lease is
+		// gone and the holder may be running the job already. River's completer
+		// checks only state = 'running', so a retry with backoff recorded here
+		// would hold the holder's job back for minutes; a short snooze does not.
+		err = fault.Wrap(fault.Fenced, err, "this process lost the lease of %s during the job", job.Queue)
 	}
 	out := m.rt.outcome(job, err)
 	m.rt.metrics.jobDone(job.Kind, job.Queue, outcomeName(out, err), time.Since(start))

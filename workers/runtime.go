@@ -187,8 +187,13 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 
 	rt.keeper = lease.NewKeeper(lease.KeeperOptions{
 		DB: o.Pool, Owner: o.Owner, TTL: o.LeaseTTL, Renew: o.LeaseRenew, Anchor: rt.anchor,
-		Log:        o.Log.With().Str("component", "lease").Logger(),
-		Taken:      rt.handBack,
+		Log:   o.Log.With().Str("component", "lease").Logger(),
+		Taken: func(ctx context.Context, tx pgx.Tx, l lease.Lease) error { return rt.handBack(ctx, tx, l) },
+		Kept: func(ctx context.Context, held []lease.Lease) {
+			if err := rt.handBack(ctx, rt.pool, held...); err != nil && ctx.Err() == nil {
+				rt.log.Warn().Err(err).Msg("could not hand back stray jobs; the next lease round retries")
+			}
+		},
 		OnAcquired: func(l lease.Lease) { rt.leaseChanged(l, true) },
 		OnLost:     func(l lease.Lease) { rt.leaseChanged(l, false) },
 	})
@@ -268,29 +273,78 @@ func (rt *Runtime) leaseForQueue(queue string) (lease.Lease, bool) {
 	return rt.keeper.Held(ShardLease(n))
 }
 
-// handBack runs in the transaction that acquires a shard lease: the previous
-// holder's running jobs of the shard go back to the queue at once (their
-// attempts are fenced by now), instead of waiting an hour for River's rescuer.
-func (rt *Runtime) handBack(ctx context.Context, tx pgx.Tx, l lease.Lease) error {
-	n, ok := strings.CutPrefix(l.Name, "shard/")
-	if !ok {
+// handBackSQL hands back, for each shard lease it is given, the running jobs of
+// that shard's queue that another client attempted: their attempts are fenced
+// (the lease's epoch moved on, or it was never theirs), and River alone would
+// leave them running for an hour. The statement is fenced by the leases
+// themselves, so a holder that lost a lease hands back nothing of that shard,
+// and it skips rows locked by a transaction still in flight (the next round
+// takes them). $1 lease names, $2 epochs, $3 queues (aligned), $4 this owner,
+// $5 the time for the errors entry.
+const handBackSQL = `
+WITH fence AS (
+    SELECT r.queue FROM compute_leases l
+    JOIN unnest($1::text[], $2::bigint[], $3::text[]) AS r(name, epoch, queue)
+      ON l.name = r.name AND l.epoch = r.epoch
+    WHERE l.owner = $4 AND l.expires_at > compute_now()
+    FOR KEY SHARE OF l
+), stray AS (
+    SELECT j.id FROM river_job j
+    WHERE j.state = 'running' AND j.queue = ANY(ARRAY(SELECT queue FROM fence))
+      AND j.attempted_by[array_length(j.attempted_by, 1)] IS DISTINCT FROM $4
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE river_job j SET state = 'available',
+       errors = array_append(j.errors, jsonb_build_object(
+           'at', $5::timestamptz, 'attempt', j.attempt,
+           'error', 'handed back by ' || $4 || ', the holder of ' || j.queue || ': the attempt of '
+                    || coalesce(j.attempted_by[array_length(j.attempted_by, 1)], 'nobody') || ' is fenced',
+           'trace', ''))
+FROM stray WHERE j.id = stray.id
+RETURNING j.queue`
+
+// handBack returns to their queues the running jobs of the shards of ls that
+// another client attempted (see handBackSQL): at a takeover, in the transaction
+// that acquires the lease (the previous holder's jobs), and after every lease
+// round (a paused process that woke, fetched and died), so a shard's holder owns
+// every running job of its queue within one renewal interval.
+func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, ls ...lease.Lease) error {
+	names := make([]string, 0, len(ls))
+	epochs := make([]int64, 0, len(ls))
+	queues := make([]string, 0, len(ls))
+	for _, l := range ls {
+		n, ok := strings.CutPrefix(l.Name, "shard/")
+		if !ok {
+			continue
+		}
+		shard, err := strconv.Atoi(n)
+		if err != nil {
+			continue
+		}
+		names, epochs, queues = append(names, l.Name), append(epochs, l.Epoch), append(queues, jobs.ShardQueue(shard))
+	}
+	if len(names) == 0 {
 		return nil
 	}
-	shard, _ := strconv.Atoi(n)
-	tag, err := tx.Exec(ctx, `
-UPDATE river_job SET state = 'available',
-       errors = array_append(errors, jsonb_build_object(
-           'at', $2::timestamptz, 'attempt', attempt,
-           'error', 'handed back at the takeover of shard ' || $3 || ' by ' || $4 || ' (epoch ' || $5 || ')',
-           'trace', ''))
-WHERE queue = $1 AND state = 'running'`, jobs.ShardQueue(shard), time.Now(), strconv.Itoa(shard), rt.o.Owner, strconv.FormatInt(l.Epoch, 10))
+	rows, err := db.Query(ctx, handBackSQL, names, epochs, queues, rt.o.Owner, time.Now())
 	if err != nil {
-		return fmt.Errorf("error handing back the running jobs of shard %d: %w", shard, err)
+		return fmt.Errorf("error handing back the running jobs of shards %v: %w", queues, err)
 	}
-	if tag.RowsAffected() > 0 {
-		rt.log.Info().Int("shard", shard).Int64("jobs", tag.RowsAffected()).Msg("handed back the previous holder's running jobs")
-		rt.metrics.handedBack(tag.RowsAffected())
+	byQueue, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("error handing back the running jobs of shards %v: %w", queues, err)
 	}
+	if len(byQueue) == 0 {
+		return nil
+	}
+	counts := map[string]int{}
+	for _, q := range byQueue {
+		counts[q]++
+	}
+	for q, n := range counts {
+		rt.log.Info().Str("queue", q).Int("jobs", n).Msg("handed back running jobs another process attempted")
+	}
+	rt.metrics.handedBack(int64(len(byQueue)))
 	return nil
 }
 

@@ -37,5 +37,11 @@
 // renews all it holds in one statement every renewal interval (5 s by default;
 // shard and sink leases live 15 s), re-samples the clock anchor at each renewal
 // (CLOCK_SKEW beyond 1 s is logged and the leases are given up, since expiry can
-// no longer be trusted), and calls OnLost at once when a lease is lost.
+// no longer be trusted), and calls OnLost at once when a lease is lost. After
+// every round it calls Kept with the leases it holds, so the holder can do what
+// it owes them once per renewal interval (a worker hands back its shards' jobs
+// that other processes attempted). Held trusts a holding only until it expires
+// by the process's own clock, less a margin (a tenth of the TTL, at most 1 s):
+// a process that was paused past its lease stops starting work at once, before
+// its next round learns that another owner took the lease.
 package lease

@@ -31,6 +31,11 @@ type KeeperOptions struct {
 	Taken func(ctx context.Context, tx pgx.Tx, l Lease) error
 	// OnAcquired is called after the acquisition of l committed.
 	OnAcquired func(l Lease)
+	// Kept is called after every round that renewed or took leases, with every
+	// lease held after it, outside the keeper's lock: what the holder must do
+	// for its leases at least once per renewal interval (the worker hands back
+	// the jobs of its shards that another process attempted).
+	Kept func(ctx context.Context, held []Lease)
 	// OnLost is called at once when l is lost: another owner took it, or it
 	// expired by this process's clock without a successful renewal.
 	OnLost func(l Lease)
@@ -79,12 +84,18 @@ func (k *Keeper) Want(names ...string) {
 	k.poke()
 }
 
-// Held returns the current holding of name, if this keeper holds it.
+// Held returns the current holding of name, if this keeper holds it and it has
+// not expired by this process's clock (less the safety margin): a process that
+// was paused past its lease does not trust it before its next renewal says so,
+// so work it fetched meanwhile is not started.
 func (k *Keeper) Held(name string) (Lease, bool) {
 	k.mu.Lock()
-	defer k.mu.Unlock()
 	l, ok := k.held[name]
-	return l, ok
+	k.mu.Unlock()
+	if !ok || !k.o.Anchor.Now().Before(l.ExpiresAt.Add(-k.margin())) {
+		return Lease{}, false
+	}
+	return l, true
 }
 
 // HeldAll returns every holding of this keeper, by name.
@@ -278,6 +289,9 @@ func (k *Keeper) tick(ctx context.Context) {
 		if k.o.OnAcquired != nil {
 			k.o.OnAcquired(l)
 		}
+	}
+	if k.o.Kept != nil && len(renewed)+len(acquired) > 0 && ctx.Err() == nil {
+		k.o.Kept(ctx, append(renewed, acquired...))
 	}
 }
 

@@ -95,3 +95,27 @@ func TestAcquireMany(t *testing.T) {
 	_, err = lease.AcquireMany(ctx, db.Pool, []string{"x"}, "", time.Minute)
 	require.True(t, fault.Has(err, fault.InvalidArgument))
 }
+
+// TestHeldTrustsNoExpiredHolding: a keeper whose renewals stop (a paused
+// process, before its next round runs) reports a holding as not held once it
+// has expired by its own clock, less the safety margin, even though nothing told
+// it yet that another owner took it: work fetched meanwhile is not started.
+func TestHeldTrustsNoExpiredHolding(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	const ttl = 3 * time.Second // a margin of 300 ms
+	k := lease.NewKeeper(lease.KeeperOptions{DB: db.Pool, Owner: "k", TTL: ttl, Renew: ttl / 3})
+	k.Want("shard/0")
+	k.Tick(ctx) // one round, then no more: renewals have stopped
+	l, held := k.Held("shard/0")
+	require.True(t, held)
+	require.Equal(t, "k", l.Owner)
+	require.Len(t, k.HeldAll(), 1)
+
+	require.Eventually(t, func() bool { _, held := k.Held("shard/0"); return !held }, 5*time.Second, 10*time.Millisecond)
+	var left time.Duration
+	require.NoError(t, db.QueryRow(ctx, `SELECT extract(epoch FROM expires_at - compute_now()) * interval '1 second' FROM compute_leases WHERE name = 'shard/0'`).Scan(&left))
+	require.Positive(t, left, "Held gave the holding up before it expired in the database (by the margin)")
+	require.Len(t, k.HeldAll(), 1, "the keeper has not been told of a loss: only Held distrusts the holding")
+}
