@@ -20,6 +20,38 @@ import (
 // it (apt-get install pgbouncer).
 func PgBouncer(tb testing.TB, db *DB) string {
 	tb.Helper()
+	return StartPgBouncer(tb, db).URL
+}
+
+// Bouncer is a running PgBouncer (see StartPgBouncer).
+type Bouncer struct {
+	// URL is the database's URL through the pooler.
+	URL    string
+	dir    string
+	exited chan struct{}
+}
+
+// Exited reports whether the PgBouncer process has ended.
+func (b *Bouncer) Exited() bool {
+	select {
+	case <-b.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// Log returns PgBouncer's log so far.
+func (b *Bouncer) Log() string {
+	l, _ := os.ReadFile(filepath.Join(b.dir, "pgbouncer.log"))
+	o, _ := os.ReadFile(filepath.Join(b.dir, "stdout.log"))
+	return string(l) + string(o)
+}
+
+// StartPgBouncer is PgBouncer, returning the running pooler so a test can check
+// that it is still up and read its log.
+func StartPgBouncer(tb testing.TB, db *DB) *Bouncer {
+	tb.Helper()
 	bin, err := exec.LookPath("pgbouncer")
 	if err != nil {
 		for _, p := range []string{"/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"} {
@@ -123,5 +155,5 @@ pidfile = %s
 	}
 	via := *up
 	via.Host = fmt.Sprintf("127.0.0.1:%d", port)
-	return via.String()
+	return &Bouncer{URL: via.String(), dir: dir, exited: exited}
 }
