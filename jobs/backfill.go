@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"encoding/json"
-	"fmt"
 	"regexp"
 )
 
@@ -42,7 +41,7 @@ func (b *Backfill) UnmarshalJSON(data []byte) error {
 		return err
 	}
 	if p.Epoch < 1 || p.Batch < 0 {
-		return &ArgsError{Msg: fmt.Sprintf("backfill %s job args: epoch %d, batch %d out of range", p.Name, p.Epoch, p.Batch)}
+		return invalid("backfill %s job args: epoch %d, batch %d out of range", p.Name, p.Epoch, p.Batch)
 	}
 	*b = Backfill(p)
 	return nil
@@ -54,7 +53,7 @@ var backfillNameRe = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
 // at most 63 characters, starting with a letter.
 func ValidateBackfillName(name string) error {
 	if !backfillNameRe.MatchString(name) {
-		return &ArgsError{Msg: fmt.Sprintf("backfill name %q: want [a-z][a-z0-9_]{0,62}", name)}
+		return invalid("backfill name %q: want [a-z][a-z0-9_]{0,62}", name)
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"encoding/json"
-	"fmt"
 
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
@@ -43,7 +42,7 @@ func (a *CapacityHoldExpiry) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	if p.PoolID == "" || p.ReservationID <= 0 {
-		return &ArgsError{Msg: fmt.Sprintf("capacity_hold_expiry args need a pool_id and a reservation_id, got %s", b)}
+		return invalid("capacity_hold_expiry args need a pool_id and a reservation_id, got %s", b)
 	}
 	*a = CapacityHoldExpiry(p)
 	return nil

@@ -1,7 +1,8 @@
 // Package jobs holds what applications enqueue and the helpers that route it:
 // the reconcile job and Dirty (coalescing), and the shard of a key. It imports
-// only River, pgx and the standard library, so enqueueing never pulls in worker
-// code.
+// only River, pgx, the standard library and platform/fault (the one error type,
+// itself standard library only), so enqueueing never pulls in worker code. Bad
+// input (a kind, a key, job args that cannot be worked) is INVALID_ARGUMENT.
 //
 // # Shards
 //

@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"encoding/json"
-	"fmt"
 
 	"github.com/riverqueue/river"
 )
@@ -37,7 +36,7 @@ func (a *QuorumApply) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	if p.BatchID <= 0 {
-		return &ArgsError{Msg: fmt.Sprintf("quorum_apply args need a batch_id, got %s", b)}
+		return invalid("quorum_apply args need a batch_id, got %s", b)
 	}
 	*a = QuorumApply(p)
 	return nil
@@ -71,7 +70,7 @@ func (a *QuorumExpiry) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	if p.BatchID <= 0 {
-		return &ArgsError{Msg: fmt.Sprintf("quorum_expiry args need a batch_id, got %s", b)}
+		return invalid("quorum_expiry args need a batch_id, got %s", b)
 	}
 	*a = QuorumExpiry(p)
 	return nil

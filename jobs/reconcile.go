@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/bettercompute/bettercompute/platform/fault"
 )
 
 // Reconcile is the River job that reconciles one key of a reconciler kind. It is
@@ -37,24 +39,25 @@ func (r *Reconcile) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	if p.Key == "" {
-		return &ArgsError{Msg: "reconcile job args have no key"}
+		return invalid("reconcile job args have no key")
 	}
 	*r = Reconcile(p)
 	return nil
 }
 
-// ArgsError is a job's args that cannot be worked; workers cancel such a job.
-type ArgsError struct{ Msg string }
-
-func (e *ArgsError) Error() string { return e.Msg }
+// invalid is the INVALID_ARGUMENT error of a call or of job args that cannot be
+// worked (workers cancel such a job rather than retry it).
+func invalid(format string, args ...any) error {
+	return fault.New(fault.InvalidArgument, format, args...)
+}
 
 var kindRe = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
 
 // ValidateKind checks a reconciler kind: lowercase letters, digits and _, at most
-// 63 characters, starting with a letter.
+// 63 characters, starting with a letter. It returns INVALID_ARGUMENT.
 func ValidateKind(kind string) error {
 	if !kindRe.MatchString(kind) {
-		return &ArgsError{Msg: fmt.Sprintf("reconciler kind %q: want [a-z][a-z0-9_]{0,62}", kind)}
+		return invalid("reconciler kind %q: want [a-z][a-z0-9_]{0,62}", kind)
 	}
 	return nil
 }
@@ -121,13 +124,14 @@ SELECT d.inserted, d.job_id, d.earlier,
 FROM d`
 
 // Dirty marks key of reconciler kind as needing a reconcile, in tx: see the package
-// doc. If tx rolls back, so does the mark.
+// doc. If tx rolls back, so does the mark. It returns INVALID_ARGUMENT for a kind
+// that is not [a-z][a-z0-9_]{0,62} or a key that is empty or longer than MaxKeyLen.
 func Dirty(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) error {
 	if err := ValidateKind(kind); err != nil {
 		return err
 	}
 	if key == "" || len(key) > MaxKeyLen {
-		return &ArgsError{Msg: fmt.Sprintf("dirty %s: key must be 1 to %d bytes, got %d", kind, MaxKeyLen, len(key))}
+		return invalid("dirty %s: key must be 1 to %d bytes, got %d", kind, MaxKeyLen, len(key))
 	}
 	var delay time.Duration
 	if opts != nil && opts.Delay > 0 {

@@ -11,7 +11,6 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
-	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 )
 
@@ -80,14 +79,13 @@ func (rt *Runtime) outcome(job *rivertype.JobRow, err error) error {
 	var (
 		syntaxErr *json.SyntaxError
 		typeErr   *json.UnmarshalTypeError
-		argsErr   *jobs.ArgsError
 		cancelErr *rivertype.JobCancelError
 		snoozeErr *rivertype.JobSnoozeError
 	)
 	switch {
 	case errors.As(err, &cancelErr), errors.As(err, &snoozeErr):
 		return err // the worker decided
-	case errors.As(err, &syntaxErr), errors.As(err, &typeErr), errors.As(err, &argsErr):
+	case errors.As(err, &syntaxErr), errors.As(err, &typeErr):
 		rt.log.Error().Err(err).Int64("job_id", job.ID).Str("kind", job.Kind).Msg("job args do not decode: cancelled")
 		return river.JobCancel(fault.Wrap(fault.InvalidArgument, rt.redactErr(err), "job args do not decode"))
 	case fault.Has(err, fault.InvalidArgument):

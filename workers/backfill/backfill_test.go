@@ -495,8 +495,7 @@ func TestJobArgsDecode(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(`{"name":"x_y","epoch":2,"batch":5}`), &a))
 	require.Equal(t, "backfill_x_y", a.Kind())
 	for _, bad := range []string{`{"name":"","epoch":1}`, `{"name":"X","epoch":1}`, `{"name":"x","epoch":0}`, `{"name":"x","epoch":1,"batch":-1}`} {
-		var argsErr *jobs.ArgsError
-		require.True(t, errors.As(json.Unmarshal([]byte(bad), &a), &argsErr), bad)
+		require.Equal(t, fault.InvalidArgument, fault.CodeOf(json.Unmarshal([]byte(bad), &a)), bad)
 	}
 }
 

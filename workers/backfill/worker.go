@@ -33,7 +33,7 @@ const maxErrorLen = 1000
 func (w *worker) Work(ctx context.Context, job *river.Job[jobs.Backfill]) error {
 	args := job.Args
 	if args.Name != w.b.Name {
-		return &jobs.ArgsError{Msg: fmt.Sprintf("job %d of kind %s names backfill %q", job.ID, job.Kind, args.Name)}
+		return fault.New(fault.InvalidArgument, "job %d of kind %s names backfill %q", job.ID, job.Kind, args.Name)
 	}
 	err := workers.InTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
 		return w.batchTx(ctx, tx, job)
