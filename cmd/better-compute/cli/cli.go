@@ -130,7 +130,7 @@ func Run(ctx context.Context, app App, args []string, env Env) int {
 		}
 	}
 	if cmd == nil {
-		fmt.Fprintf(env.Stderr, "%s: unknown command %q (see %s --help)\n", app.name(), args[0], app.name())
+		printErr(env.Stderr, usageErr("%s: unknown command %q (see %s --help)", app.name(), args[0], app.name()))
 		return 2
 	}
 
@@ -152,7 +152,7 @@ func Run(ctx context.Context, app App, args []string, env Env) int {
 			app.printCommandHelp(env.Stdout, cmd, fset, cfg)
 			return 0
 		}
-		fmt.Fprintf(env.Stderr, "%s %s: %v (see %s %s --help)\n", app.name(), cmd.name, err, app.name(), cmd.name)
+		printErr(env.Stderr, usageErr("%s %s: %v (see %s %s --help)", app.name(), cmd.name, err, app.name(), cmd.name))
 		return 2
 	}
 	defer s.close()
@@ -166,13 +166,21 @@ func Run(ctx context.Context, app App, args []string, env Env) int {
 	return 0
 }
 
+// printErr prints err as the command's last line on stderr, CODE: message, on
+// one line (a driver's multi-line error is joined), and returns the exit status 1.
 func printErr(w io.Writer, err error) int {
-	msg := err.Error()
-	if fault.CodeOf(err) == fault.Internal && !strings.HasPrefix(msg, string(fault.Internal)) {
-		msg = string(fault.Internal) + ": " + msg
-	}
-	fmt.Fprintln(w, msg)
+	fmt.Fprintln(w, errorLine(err))
 	return 1
+}
+
+// errorLine is err as the CLI prints it: its code, then its message, on one
+// line. An error without a code is INTERNAL_ERROR.
+func errorLine(err error) string {
+	msg := strings.Join(strings.Fields(err.Error()), " ")
+	if code := string(fault.CodeOf(err)); !strings.HasPrefix(msg, code+":") {
+		msg = code + ": " + msg
+	}
+	return msg
 }
 
 func (a *App) printHelp(w io.Writer, cmds []*command) {

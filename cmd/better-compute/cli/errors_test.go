@@ -1,0 +1,94 @@
+package cli_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+)
+
+// errorLine is the contract of every failing command: its last line on stderr is
+// CODE: message, one line.
+var errorLine = regexp.MustCompile(`^(INVALID_CONFIG|INVALID_ARGUMENT|NOT_FOUND|CONFLICT|FENCED|CLOCK_SKEW|UNAVAILABLE|INTERNAL_ERROR): \S`)
+
+// requireOneLineError checks r against the contract: a non-zero exit, the last
+// stderr line CODE: message with the wanted code, and nothing else on stderr but
+// log records (JSON lines): no continuation lines of a multi-line error.
+func requireOneLineError(t *testing.T, r result, code string, exit int) string {
+	t.Helper()
+	require.Equal(t, exit, r.code)
+	lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
+	last := lines[len(lines)-1]
+	require.Regexp(t, errorLine, last)
+	require.True(t, strings.HasPrefix(last, code+": "), "want %s, got %q", code, last)
+	for _, l := range lines[:len(lines)-1] {
+		require.True(t, strings.HasPrefix(l, "{"), "stderr holds a line that is neither a log record nor the error: %q", l)
+	}
+	return last
+}
+
+// TestEveryErrorIsOneLine runs the error paths an operator meets (unreachable
+// server, wrong password, missing database, bad URL, bad flags and settings,
+// unknown names) through several commands, with debug logging on, and checks
+// each ends with one line CODE: message.
+func TestEveryErrorIsOneLine(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	// localhost and the default sslmode make pgx try several times, and report each
+	// attempt on a line of its own.
+	refused := fmt.Sprintf("postgres://bob:pw@localhost:%d/db?connect_timeout=5", l.Addr().(*net.TCPAddr).Port)
+	require.NoError(t, l.Close())
+	const secret = "One-line-s3cret"
+	pwServer := pgtest.NewPasswordServer(t, "carol", secret)
+	db := pgtest.New(t)
+	missing := pgtest.WithDatabase(db.URL, "bct_no_such_database")
+
+	env := func(url string, more ...string) []string {
+		return append([]string{"BETTER_COMPUTE_DATABASE_URL=" + url, "BETTER_COMPUTE_LOG_LEVEL=debug", "BETTER_COMPUTE_LOG_FORMAT=json"}, more...)
+	}
+	for _, tc := range []struct {
+		name string
+		env  []string
+		args []string
+		code string
+		exit int
+		says string
+	}{
+		{"refused: migrate", env(refused), []string{"migrate"}, "UNAVAILABLE", 1, "connection refused"},
+		{"refused: doctor", env(refused), []string{"doctor"}, "UNAVAILABLE", 1, "connection refused"},
+		{"refused: worker", env(refused), []string{"worker", "--no-migrate"}, "UNAVAILABLE", 1, "connection refused"},
+		{"refused: sinks", env(refused), []string{"sinks", "list"}, "UNAVAILABLE", 1, "connection refused"},
+		{"refused: backfill", env(refused), []string{"backfill", "list"}, "UNAVAILABLE", 1, "connection refused"},
+		{"wrong password: migrate", env(pwServer.URL("wrong-" + secret)), []string{"migrate"}, "INVALID_CONFIG", 1, "authentication failed"},
+		{"wrong password: doctor", env(pwServer.URL("wrong-" + secret)), []string{"doctor"}, "INVALID_CONFIG", 1, "authentication failed"},
+		{"wrong password: worker", env(pwServer.URL("wrong-" + secret)), []string{"worker"}, "INVALID_CONFIG", 1, "authentication failed"},
+		{"no such database", env(missing), []string{"migrate"}, "INVALID_CONFIG", 1, "does not exist"},
+		{"bad URL", env("postgres://bob:" + secret + "@127.0.0.1:notaport/db"), []string{"migrate"}, "INVALID_CONFIG", 1, "BETTER_COMPUTE_DATABASE_URL"},
+		{"no URL", []string{"BETTER_COMPUTE_LOG_FORMAT=json"}, []string{"migrate"}, "INVALID_CONFIG", 1, "DATABASE_URL"},
+		{"bad setting", env(db.URL, "BETTER_COMPUTE_DB_MAX_CONNS=many"), []string{"migrate"}, "INVALID_CONFIG", 1, "BETTER_COMPUTE_DB_MAX_CONNS"},
+		{"bad lease renewal", env(db.URL, "BETTER_COMPUTE_LEASE_RENEW=1m"), []string{"worker"}, "INVALID_CONFIG", 1, "LEASE_RENEW"},
+		{"shard out of range", env(db.URL), []string{"worker", "--no-migrate", "--shards", "99"}, "INVALID_CONFIG", 1, "99"},
+		{"embedded without --dev", env("embedded:memory"), []string{"migrate"}, "INVALID_CONFIG", 1, "--dev"},
+		{"unknown command", env(db.URL), []string{"frobnicate"}, "INVALID_ARGUMENT", 2, "frobnicate"},
+		{"unknown flag", env(db.URL), []string{"migrate", "--frobnicate"}, "INVALID_ARGUMENT", 2, "frobnicate"},
+		{"unknown sink", env(db.URL), []string{"sinks", "pause", "no-such-sink"}, "NOT_FOUND", 1, "no-such-sink"},
+		{"unknown backfill", env(db.URL), []string{"backfill", "status", "no_such_backfill"}, "NOT_FOUND", 1, "no_such_backfill"},
+		{"unknown verb", env(db.URL), []string{"sinks", "frobnicate"}, "INVALID_ARGUMENT", 1, "frobnicate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := run(t, ctx, cli.App{}, tc.env, tc.args...)
+			last := requireOneLineError(t, r, tc.code, tc.exit)
+			require.Contains(t, last, tc.says)
+			require.NotContains(t, r.stdout+r.stderr, secret)
+		})
+	}
+}
