@@ -151,58 +151,6 @@ func TestMigrateValidatesTheConfigurationFirst(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 }
 
-func TestDoctorAllOK(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	db := pgtest.New(t, pgtest.Options{Empty: true})
-	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").code)
-
-	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
-	require.Equal(t, 0, r.code, r.stdout+r.stderr)
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	for _, l := range lines {
-		require.True(t, strings.HasPrefix(l, "OK "), "every line is OK: %q", l)
-	}
-	for _, check := range []string{"connect", "postgres", "features", "btree_gist", "ledger", "clock"} {
-		require.Regexp(t, `(?m)^OK\s+`+check+`\s`, r.stdout)
-	}
-	require.Regexp(t, `(?m)^OK\s+clock\s+mode system`, r.stdout)
-}
-
-func TestDoctorFailsOnATamperedLedger(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	db := pgtest.New(t, pgtest.Options{Empty: true})
-	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").code)
-	db.MustExec(t, "INSERT INTO compute_migrations (name, applied_at) VALUES ('core/9999_future', compute_now())")
-
-	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
-	require.NotEqual(t, 0, r.code)
-	require.Regexp(t, `(?m)^FAIL\s+ledger\s+.*core/9999_future`, r.stdout)
-	require.Regexp(t, `(?m)^OK\s+connect`, r.stdout, "the other checks still run")
-	require.Contains(t, r.stderr, "INVALID_CONFIG")
-
-	// migrate refuses it too, and applies nothing.
-	before := ledger(t, db)
-	r = run(t, ctx, cli.App{}, dbEnv(db), "migrate")
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "INVALID_CONFIG")
-	require.Contains(t, r.stderr, "core/9999_future")
-	require.Equal(t, before, ledger(t, db))
-}
-
-func TestDoctorFailsOnAMissingExtension(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	db := pgtest.New(t, pgtest.Options{Empty: true})
-	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
-	require.NotEqual(t, 0, r.code)
-	require.Regexp(t, `(?m)^FAIL\s+btree_gist\s`, r.stdout)
-	require.Regexp(t, `(?m)^FAIL\s+ledger\s+.*pending`, r.stdout)
-	require.Regexp(t, `(?m)^FAIL\s+clock\s+.*missing`, r.stdout)
-	require.Regexp(t, `(?m)^OK\s+connect`, r.stdout)
-}
-
 func TestHelpListsEveryVariable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

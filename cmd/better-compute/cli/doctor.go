@@ -2,7 +2,11 @@ package cli
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,73 +21,175 @@ import (
 type Check struct {
 	Name   string
 	OK     bool
-	Detail string
+	Detail string // one line
+	// Code is the fault code of the error that failed the check, when an error
+	// did (a refused connection is UNAVAILABLE); empty otherwise.
+	Code fault.Code
+}
+
+// MaxXactAgeDefault is how long a write transaction may stay open before doctor
+// says it holds the outbox back (doctor --max-xact-age).
+const MaxXactAgeDefault = 5 * time.Second
+
+// DoctorOptions configure Session.Doctor.
+type DoctorOptions struct {
+	// MaxXactAge: a write transaction open longer than this, anywhere on the
+	// server, fails the snapshot check (default MaxXactAgeDefault).
+	MaxXactAge time.Duration
 }
 
 func init() { commandSet = append(commandSet, doctorCommand) }
 
 func doctorCommand() *command {
+	var o DoctorOptions
 	return &command{
 		name:    "doctor",
 		summary: "check the database and this deployment: one line per check, OK or FAIL; exits non-zero on any FAIL",
+		flags: func(fs *flag.FlagSet, s *Session) {
+			fs.DurationVar(&o.MaxXactAge, "max-xact-age", MaxXactAgeDefault,
+				"a write transaction open longer than this, in any database of the server, holds the outbox back: FAIL")
+		},
 		run: func(ctx context.Context, s *Session, args []string) error {
-			checks := s.Doctor(ctx)
-			failed := 0
+			if o.MaxXactAge <= 0 {
+				return usageErr("doctor: --max-xact-age must be positive, got %s", o.MaxXactAge)
+			}
+			checks := s.Doctor(ctx, o)
 			for _, c := range checks {
 				status := "OK  "
 				if !c.OK {
 					status = "FAIL"
-					failed++
 				}
 				fmt.Fprintf(s.Env.Stdout, "%s %-12s %s\n", status, c.Name, c.Detail)
 			}
-			if failed > 0 {
-				return fault.New(fault.InvalidConfig, "doctor: %d of %d checks failed", failed, len(checks))
-			}
-			return nil
+			return doctorErr(checks)
 		},
 	}
 }
 
-// Doctor runs every check and returns them in order. It never stops at the first
-// failure unless the database cannot be reached at all.
-func (s *Session) Doctor(ctx context.Context) []Check {
-	var out []Check
-	add := func(name string, ok bool, format string, args ...any) {
-		out = append(out, Check{Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
+// doctorErr is the command's error when checks failed, naming them, or nil. One
+// failed check that carries a fault code (a refused connection) gives its code
+// and detail; otherwise the error is INVALID_CONFIG with the failed checks' names.
+func doctorErr(checks []Check) error {
+	var failed []string
+	var last Check
+	for _, c := range checks {
+		if !c.OK {
+			failed = append(failed, c.Name)
+			last = c
+		}
 	}
+	switch {
+	case len(failed) == 0:
+		return nil
+	case len(failed) == 1 && last.Code != "":
+		return fault.New(last.Code, "doctor: %s failed: %s", last.Name, last.Detail)
+	default:
+		return fault.New(fault.InvalidConfig, "doctor: %d of %d checks failed: %s", len(failed), len(checks), strings.Join(failed, ", "))
+	}
+}
+
+// report collects doctor's checks.
+type report struct{ checks []Check }
+
+// add appends a check whose detail is format, collapsed to one line.
+func (r *report) add(name string, ok bool, format string, args ...any) {
+	r.checks = append(r.checks, Check{Name: name, OK: ok, Detail: singleLine(fmt.Sprintf(format, args...))})
+}
+
+// fail appends a failed check caused by err: its detail is the prefix (if any)
+// and err's message, its code err's (INTERNAL_ERROR for a driver error without one).
+func (r *report) fail(name string, err error, prefix string, args ...any) {
+	code, msg := errParts(err)
+	if prefix != "" {
+		msg = fmt.Sprintf(prefix, args...) + ": " + msg
+	}
+	r.checks = append(r.checks, Check{Name: name, Detail: singleLine(msg), Code: code})
+}
+
+// errParts is err's fault code (after pg.Translate) and its message without the
+// code in front. A refused login (SQLSTATE class 28) is INVALID_CONFIG: the URL's
+// user or password is wrong.
+func errParts(err error) (fault.Code, string) {
+	err = pg.Translate(err)
+	code := fault.CodeOf(err)
+	msg := strings.TrimPrefix(err.Error(), string(code)+": ")
+	if strings.HasPrefix(pg.SQLState(err), "28") {
+		code = fault.InvalidConfig
+	}
+	return code, msg
+}
+
+// singleLine collapses runs of white space (newlines and tabs from driver errors)
+// into single spaces.
+func singleLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// Doctor runs every check and returns them in order. It never stops at the first
+// failure unless the database cannot be reached at all. It needs no superuser:
+// the database's owner sees everything it checks, except other roles'
+// transactions, which it reports as such.
+func (s *Session) Doctor(ctx context.Context, opts ...DoctorOptions) []Check {
+	var o DoctorOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	if o.MaxXactAge <= 0 {
+		o.MaxXactAge = MaxXactAgeDefault
+	}
+	r := &report{}
+	add := r.add
 	db, err := s.Pool(ctx)
 	if err != nil {
-		add("connect", false, "%v", err)
-		return out
+		r.fail("connect", err, "")
+		return r.checks
 	}
 	add("connect", true, "connected (%d connections at most)", db.Config().MaxConns)
+
+	// The server's clock, read once: doctor measures every age against it.
+	// (Should the read fail, the next checks say why; ages use this process's clock.)
+	serverNow := time.Now()
+	_ = db.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&serverNow)
 
 	var version int
 	var versionText string
 	if err := db.QueryRow(ctx, "SELECT current_setting('server_version_num')::int, current_setting('server_version')").Scan(&version, &versionText); err != nil {
-		add("postgres", false, "cannot read the server version: %v", err)
+		r.fail("postgres", err, "cannot read the server version")
 	} else {
 		add("postgres", version >= 150000, "PostgreSQL %s (15 or newer required)", versionText)
 	}
 
-	// Features the store needs, each probed in a transaction that is rolled back.
-	feature := func(sql string) error {
-		return pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, sql); err != nil {
-				return err
+	// Features the store needs, each probed in a transaction that is rolled back,
+	// on objects any role may use (never a catalog: a non-superuser may not lock
+	// pg_class rows).
+	feature := func(stmts ...string) error {
+		err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+			for _, sql := range stmts {
+				if _, err := tx.Exec(ctx, sql); err != nil {
+					return err
+				}
 			}
 			return errRollback
 		})
+		if errors.Is(err, errRollback) {
+			return nil
+		}
+		return err
 	}
 	var missing []string
-	for _, f := range []struct{ name, sql string }{
-		{"xid8", "SELECT pg_current_xact_id(), pg_snapshot_xmin(pg_current_snapshot())"},
-		{"range types", "SELECT tstzrange('2020-01-01', '2020-01-02') && tstzrange('2020-01-01', '2020-01-03')"},
-		{"SKIP LOCKED", "SELECT 1 FROM pg_class LIMIT 1 FOR UPDATE SKIP LOCKED"},
+	for _, f := range []struct {
+		name  string
+		stmts []string
+	}{
+		{"xid8", []string{"SELECT pg_current_xact_id(), pg_snapshot_xmin(pg_current_snapshot())"}},
+		{"range types", []string{"SELECT tstzrange('2020-01-01', '2020-01-02') && tstzrange('2020-01-01', '2020-01-03')"}},
+		{"SKIP LOCKED", []string{
+			"CREATE TEMP TABLE doctor_skip_locked (id int) ON COMMIT DROP",
+			"INSERT INTO doctor_skip_locked VALUES (1)",
+			"SELECT id FROM doctor_skip_locked FOR UPDATE SKIP LOCKED",
+		}},
 	} {
-		if err := feature(f.sql); err != nil && err != errRollback {
-			missing = append(missing, fmt.Sprintf("%s (%v)", f.name, err))
+		if err := feature(f.stmts...); err != nil {
+			_, msg := errParts(err)
+			missing = append(missing, fmt.Sprintf("%s (%s)", f.name, msg))
 		}
 	}
 	if len(missing) > 0 {
@@ -99,8 +205,8 @@ func (s *Session) Doctor(ctx context.Context) []Check {
 	switch {
 	case haveGist:
 		if err := feature(`CREATE TEMP TABLE doctor_exclude (d int, during tstzrange,
-			EXCLUDE USING gist (d WITH =, during WITH &&)) ON COMMIT DROP`); err != nil && err != errRollback {
-			add("btree_gist", false, "installed, but an exclusion constraint fails: %v", err)
+			EXCLUDE USING gist (d WITH =, during WITH &&)) ON COMMIT DROP`); err != nil {
+			r.fail("btree_gist", err, "installed, but an exclusion constraint fails")
 		} else {
 			add("btree_gist", true, "installed; EXCLUDE USING gist works")
 		}
@@ -112,9 +218,9 @@ func (s *Session) Doctor(ctx context.Context) []Check {
 
 	set, err := s.MigrationSet()
 	if err != nil {
-		add("ledger", false, "%v", err)
+		r.fail("ledger", err, "")
 	} else if st, err := set.Check(ctx, db); err != nil {
-		add("ledger", false, "%v", err)
+		r.fail("ledger", err, "")
 	} else {
 		switch {
 		case len(st.Refused) > 0:
@@ -129,7 +235,7 @@ func (s *Session) Doctor(ctx context.Context) []Check {
 	mode, err := clock.ModeOf(ctx, db)
 	switch {
 	case err != nil:
-		add("clock", false, "%v", err)
+		r.fail("clock", err, "")
 	case mode == clock.Missing:
 		add("clock", false, "compute_now() is missing (run migrate)")
 	default:
@@ -140,14 +246,17 @@ func (s *Session) Doctor(ctx context.Context) []Check {
 		_ = db.QueryRow(ctx, "SELECT extract(epoch FROM compute_clock_skew())").Scan(&dbSkewSeconds{&dbSkew})
 		switch {
 		case err != nil:
-			add("clock", false, "mode %s: %v", mode, err)
+			r.fail("clock", err, "mode %s", mode)
 		case mode == clock.System:
 			add("clock", true, "mode system; this process is %s from the database clock", (-skew).Round(time.Millisecond))
 		default:
 			add("clock", mode == clock.Sim, "mode %s: compute_now() is %s from the database clock", mode, dbSkew.Round(time.Millisecond))
 		}
 	}
-	return append(out, s.doctorWork(ctx, db)...)
+
+	s.doctorSnapshot(ctx, db, r, serverNow, o.MaxXactAge)
+	s.doctorWork(ctx, db, r, serverNow)
+	return r.checks
 }
 
 var errRollback = fault.New(fault.Internal, "rollback")
@@ -175,4 +284,213 @@ func abbreviate(names []string, n int) string {
 
 func usageErr(format string, args ...any) error {
 	return fault.New(fault.InvalidArgument, format, args...)
+}
+
+// xact is a write transaction open on the server (it has a transaction id), as
+// pg_stat_activity or pg_prepared_xacts show it to this role.
+type xact struct {
+	Database, User, App, State string
+	PID                        int
+	GID                        string     // a prepared transaction's name; "" for a session
+	Start                      *time.Time // nil when this role may not see it
+	XID                        uint32
+}
+
+// describe names x in one line, with how long it has been open at now.
+func (x xact) describe(now time.Time) string {
+	var parts []string
+	if x.Start != nil {
+		parts = append(parts, fmt.Sprintf("open %s", now.Sub(*x.Start).Round(time.Millisecond)))
+	}
+	parts = append(parts, "database "+orDash(x.Database))
+	if x.GID != "" {
+		parts = append(parts, fmt.Sprintf("prepared transaction %q", x.GID))
+	} else {
+		parts = append(parts, fmt.Sprintf("pid %d", x.PID))
+	}
+	parts = append(parts, "user "+orDash(x.User))
+	if x.App != "" {
+		parts = append(parts, fmt.Sprintf("application %q", x.App))
+	}
+	if x.State != "" {
+		parts = append(parts, "state "+x.State)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// ending says how to end x.
+func (x xact) ending() string {
+	if x.GID != "" {
+		return fmt.Sprintf("COMMIT PREPARED or ROLLBACK PREPARED %s", quoteLiteralSQL(x.GID))
+	}
+	return fmt.Sprintf("commit or roll it back, or SELECT pg_terminate_backend(%d)", x.PID)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func quoteLiteralSQL(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// openXactsSQL lists the server's write transactions, in every database: the
+// sessions' (pg_stat_activity hides another role's start time and state from a
+// role without pg_read_all_stats) and the prepared ones.
+const openXactsSQL = `
+SELECT coalesce(datname::text, ''), pid, coalesce(usename::text, ''), coalesce(application_name, ''),
+       coalesce(state, ''), '' AS gid, xact_start, backend_xid::text
+FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+UNION ALL
+SELECT database::text, 0, owner::text, '', 'prepared', gid, prepared, transaction::text
+FROM pg_prepared_xacts`
+
+// snapshotXminSQL is the xmin of a fresh snapshot: every outbox reader reads only
+// events below it, so the oldest running write transaction, in any database of
+// the server, holds every reader back.
+const snapshotXminSQL = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`
+
+// heldBackSQL counts the committed events of this database that readers may not
+// read yet, at one snapshot's xmin.
+const heldBackSQL = `
+SELECT x::text, (SELECT count(*) FROM compute_events WHERE txid >= x)
+FROM (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS x) s`
+
+// doctorSnapshot checks what holds the outbox's snapshot back: a write
+// transaction open longer than maxAge anywhere on the server. It names the
+// oldest, and counts this database's committed events it holds back. When events
+// are held back by a transaction whose start this role cannot see, it watches
+// the snapshot for up to maxAge: a holder still there by then has been open that
+// long.
+func (s *Session) doctorSnapshot(ctx context.Context, db *pg.Pool, r *report, now time.Time, maxAge time.Duration) {
+	const name = "snapshot"
+	rows, err := db.Query(ctx, openXactsSQL)
+	if err != nil {
+		r.fail(name, err, "cannot list open transactions")
+		return
+	}
+	var open []xact
+	for rows.Next() {
+		var x xact
+		var xid string
+		if err := rows.Scan(&x.Database, &x.PID, &x.User, &x.App, &x.State, &x.GID, &x.Start, &xid); err != nil {
+			rows.Close()
+			r.fail(name, err, "cannot list open transactions")
+			return
+		}
+		n, _ := strconv.ParseUint(xid, 10, 32)
+		x.XID = uint32(n)
+		open = append(open, x)
+	}
+	if err := rows.Err(); err != nil {
+		r.fail(name, err, "cannot list open transactions")
+		return
+	}
+
+	// This database's committed events held back, if it has an event log.
+	var xmin uint64
+	heldBack := -1
+	var haveEvents bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass('compute_events') IS NOT NULL`).Scan(&haveEvents); err != nil {
+		r.fail(name, err, "cannot look for the event log")
+		return
+	}
+	var xminText string
+	if haveEvents {
+		err = db.QueryRow(ctx, heldBackSQL).Scan(&xminText, &heldBack)
+	} else {
+		err = db.QueryRow(ctx, snapshotXminSQL).Scan(&xminText)
+	}
+	if err != nil {
+		r.fail(name, err, "cannot read the snapshot")
+		return
+	}
+	xmin, _ = strconv.ParseUint(xminText, 10, 64)
+	waiting := func() string {
+		switch heldBack {
+		case -1:
+			return "this database has no event log"
+		case 1:
+			return "1 committed event of this database waits"
+		default:
+			return fmt.Sprintf("%d committed events of this database wait", heldBack)
+		}
+	}
+
+	// The oldest write transaction open longer than maxAge, of those this role
+	// may see the start of.
+	var long []xact
+	for _, x := range open {
+		if x.Start != nil && now.Sub(*x.Start) > maxAge {
+			long = append(long, x)
+		}
+	}
+	sort.Slice(long, func(i, j int) bool { return long[i].Start.Before(*long[j].Start) })
+	if len(long) > 0 {
+		x := long[0]
+		more := ""
+		if len(long) > 1 {
+			more = fmt.Sprintf("; %d more write transactions open longer than %s", len(long)-1, maxAge)
+		}
+		r.add(name, false, "a write transaction open longer than %s holds back every outbox reader on this server: %s; %s (%s)%s",
+			maxAge, x.describe(now), waiting(), x.ending(), more)
+		return
+	}
+	if heldBack <= 0 {
+		r.add(name, true, "no write transaction open longer than %s holds back the outbox (%s open now)", maxAge, plural(len(open), "write transaction"))
+		return
+	}
+
+	// Events wait for the transaction at xmin: fine if it is young; if this role
+	// cannot see its start, watch whether it ends within maxAge.
+	var holder *xact
+	for i := range open {
+		if uint64(open[i].XID) == xmin&0xFFFFFFFF {
+			holder = &open[i]
+		}
+	}
+	if holder != nil && holder.Start != nil {
+		r.add(name, true, "%s for a write transaction open %s (under %s): %s", waiting(), now.Sub(*holder.Start).Round(time.Millisecond), maxAge, holder.describe(now))
+		return
+	}
+	ended, err := xminMoves(ctx, db, xmin, maxAge)
+	if err != nil {
+		r.fail(name, err, "cannot read the snapshot")
+		return
+	}
+	if ended {
+		r.add(name, true, "no write transaction open longer than %s holds back the outbox (the one holding %d events back ended)", maxAge, heldBack)
+		return
+	}
+	who := ""
+	if holder != nil {
+		who = fmt.Sprintf(": %s, open at least %s", holder.describe(now), maxAge)
+	}
+	r.add(name, false, "%s, held back by a transaction this role cannot see (grant pg_read_all_stats to name it)%s", waiting(), who)
+}
+
+// xminMoves watches the snapshot's xmin for up to wait and reports whether it
+// moved past xmin: whether the transaction that held it ended.
+func xminMoves(ctx context.Context, db *pg.Pool, xmin uint64, wait time.Duration) (bool, error) {
+	deadline := time.Now().Add(wait)
+	tick := time.NewTicker(min(wait/10+time.Millisecond, 100*time.Millisecond))
+	defer tick.Stop()
+	for {
+		var text string
+		if err := db.QueryRow(ctx, snapshotXminSQL).Scan(&text); err != nil {
+			return false, err
+		}
+		if now, _ := strconv.ParseUint(text, 10, 64); now != xmin {
+			return true, nil
+		}
+		if !time.Now().Before(deadline) {
+			return false, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-tick.C:
+		}
+	}
 }

@@ -1,0 +1,275 @@
+package cli_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers"
+)
+
+// doctorChecks are the names of doctor's checks on a migrated database, in order.
+var doctorChecks = []string{"connect", "postgres", "features", "btree_gist", "ledger", "clock",
+	"snapshot", "shards", "leases", "running", "strays", "queues", "reconcilers"}
+
+// requireAllOK asserts that doctor passed: exit 0, and one OK line per check.
+func requireAllOK(t *testing.T, r result) {
+	t.Helper()
+	require.Equal(t, 0, r.code, r.stdout+r.stderr)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	require.Len(t, lines, len(doctorChecks), r.stdout)
+	for i, l := range lines {
+		require.Regexp(t, `^OK\s+`+doctorChecks[i]+`\s`, l, "every line is OK, in order")
+	}
+}
+
+// requireErrLine asserts the CLI contract for a failed command: exit 1, stderr's
+// last line is one `CODE: message` line matching want, and no line of stderr is a
+// continuation (starts with white space).
+func requireErrLine(t *testing.T, r result, want string) {
+	t.Helper()
+	require.Equal(t, 1, r.code)
+	stderr := strings.TrimRight(r.stderr, "\n")
+	lines := strings.Split(stderr, "\n")
+	last := lines[len(lines)-1]
+	require.Regexp(t, `^[A-Z_]+: `, last)
+	require.Regexp(t, want, last)
+	for _, l := range lines {
+		require.NotRegexp(t, `^\s`, l, "no continuation lines on stderr")
+	}
+	if out := strings.TrimSpace(r.stdout); out != "" {
+		for _, l := range strings.Split(out, "\n") {
+			require.Regexp(t, `^(OK  |FAIL) \S+\s+\S`, l, "one line per check")
+		}
+	}
+}
+
+func TestDoctorAllOK(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").code)
+
+	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	requireAllOK(t, r)
+	require.Regexp(t, `(?m)^OK\s+clock\s+mode system`, r.stdout)
+}
+
+// TestDoctorAsANonSuperuserOwner: the deployment most production databases
+// have. A role that owns its database and is nothing more runs migrate, and
+// doctor finds everything OK: no probe needs a superuser.
+func TestDoctorAsANonSuperuserOwner(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewOwned(t)
+	var super, readsStats bool
+	require.NoError(t, db.QueryRow(ctx, `SELECT rolsuper, pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')
+		FROM pg_roles WHERE rolname = current_user`).Scan(&super, &readsStats))
+	require.False(t, super)
+	require.False(t, readsStats)
+
+	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").code)
+	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	requireAllOK(t, r)
+	require.Regexp(t, `(?m)^OK\s+features\s+.*SKIP LOCKED`, r.stdout)
+}
+
+// TestDoctorNamesATransactionThatHoldsTheOutboxBack: an open write transaction
+// in another database of the same server holds back every outbox reader (the
+// snapshot's xmin is server-wide). doctor names its database and pid to a role
+// that may see it, says that it cannot see it to one that may not, counts the
+// events it holds back, and is OK again once it ends.
+//
+// Not parallel: while the transaction is open, every doctor run on the test
+// server with a short --max-xact-age would see it.
+func TestDoctorNamesATransactionThatHoldsTheOutboxBack(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true}) // as the superuser: sees every session
+	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").code)
+	owned := pgtest.NewOwned(t) // sees only its own sessions
+	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(owned), "migrate").code)
+	other := pgtest.New(t, pgtest.Options{Empty: true})
+
+	cfg, err := pgx.ParseConfig(other.URL)
+	require.NoError(t, err)
+	cfg.RuntimeParams["application_name"] = "held_open"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()") // a write transaction: it has an id
+	require.NoError(t, err)
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+
+	// Events that commit after it took its transaction id wait for it.
+	db.MustExec(t, "INSERT INTO compute_events (topic) VALUES ('doctor.test')")
+	owned.MustExec(t, "INSERT INTO compute_events (topic) VALUES ('doctor.test')")
+	require.Eventually(t, func() bool {
+		return count(db, fmt.Sprintf(`SELECT count(*) FROM pg_stat_activity
+			WHERE pid = %d AND backend_xid IS NOT NULL
+			AND clock_timestamp() - xact_start > interval '300 milliseconds'`, pid)) == 1
+	}, 30*time.Second, 10*time.Millisecond, "open longer than --max-xact-age")
+
+	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor", "--max-xact-age", "200ms")
+	require.Regexp(t, `(?m)^FAIL\s+snapshot\s+a write transaction open longer than 200ms holds back every outbox reader on this server: `+
+		`open \S+, database `+regexp.QuoteMeta(other.Name)+`, pid `+strconv.Itoa(pid)+`, user postgres, application "held_open", state idle in transaction; `+
+		`1 committed event of this database waits`, r.stdout)
+	require.Contains(t, r.stdout, fmt.Sprintf("pg_terminate_backend(%d)", pid))
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 13 checks failed: snapshot$`)
+
+	r = run(t, ctx, cli.App{}, dbEnv(owned), "doctor", "--max-xact-age", "200ms")
+	require.Regexp(t, `(?m)^FAIL\s+snapshot\s+1 committed event of this database waits, `+
+		`held back by a transaction this role cannot see \(grant pg_read_all_stats to name it\)`, r.stdout)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 13 checks failed: snapshot$`)
+
+	require.NoError(t, tx.Rollback(ctx))
+	requireAllOK(t, run(t, ctx, cli.App{}, dbEnv(db), "doctor", "--max-xact-age", "200ms"))
+	requireAllOK(t, run(t, ctx, cli.App{}, dbEnv(owned), "doctor", "--max-xact-age", "200ms"))
+}
+
+// TestDoctorFindsStrayRunningJobs: a running job of a shard queue attempted by
+// a client that does not hold the shard's lease (a process that lost it, woke
+// and fetched) is a stray. One younger than two renewal intervals is the
+// holder's to hand back; an older one fails, naming the shard, the count, the
+// client and what to do.
+func TestDoctorFindsStrayRunningJobs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	// Renewals every 20 s: a stray is older than 40 s.
+	env := append(dbEnv(db), "BETTER_COMPUTE_LEASE_TTL=60s", "BETTER_COMPUTE_LEASE_RENEW=20s")
+	running := func(shard int, client string, attemptedAt time.Time) {
+		t.Helper()
+		db.MustExec(t, `INSERT INTO river_job (args, kind, max_attempts, queue, state, attempt, attempted_at, attempted_by)
+			VALUES ('{}', 'reconcile', 25, $1, 'running', 1, $2, ARRAY[$3])`, jobs.ShardQueue(shard), attemptedAt, client)
+	}
+	db.MustExec(t, `INSERT INTO compute_leases (name, owner, expires_at)
+		VALUES ($1, 'w1', compute_now() + interval '1 hour')`, workers.ShardLease(7))
+	running(7, "w1", time.Now().Add(-2*time.Minute))    // the holder's own
+	running(5, "ghost", time.Now())                     // a stray, but young
+	running(3, "ghost", time.Now().Add(-2*time.Minute)) // a stray, old, and nobody holds shard 3
+
+	r := run(t, ctx, cli.App{}, env, "doctor")
+	require.Regexp(t, `(?m)^FAIL\s+strays\s+running jobs not attempted by their shard's holder, for more than 40s: `+
+		`shard 3: 1 running job attempted by ghost, the oldest 2m\d+s ago \(none holds shard 3: start a worker for it\); `+
+		`the shard's holder hands them back within one renewal \(20s\)$`, r.stdout)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 13 checks failed: strays$`)
+
+	// Held by another client: its holder should have handed it back by now.
+	db.MustExec(t, `INSERT INTO compute_leases (name, owner, expires_at)
+		VALUES ($1, 'w2', compute_now() + interval '1 hour')`, workers.ShardLease(3))
+	r = run(t, ctx, cli.App{}, env, "doctor")
+	require.Regexp(t, `(?m)^FAIL\s+strays\s+.*shard 3: 1 running job attempted by ghost, .*\(held by w2, which has not handed them back`, r.stdout)
+
+	// Held by the client that attempted it: not a stray. The young one is noted.
+	db.MustExec(t, `UPDATE compute_leases SET owner = 'ghost' WHERE name = $1`, workers.ShardLease(3))
+	r = run(t, ctx, cli.App{}, env, "doctor")
+	requireAllOK(t, r)
+	require.Regexp(t, `(?m)^OK\s+strays\s+1 running job attempted by a client that does not hold the shard, for less than 40s`, r.stdout)
+}
+
+// TestDoctorFindsDirtyKeysNoReconcilerHandles: jobs.Dirty accepts any valid
+// kind; keys of a kind no registered reconciler handles wait forever, and
+// doctor names the kind and its keys.
+func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	app := cli.App{Modules: []cli.Module{{Name: "things", Register: func(r *workers.Registry) error {
+		return r.Reconciler(workers.Reconciler{Kind: "thing", Reconcile: func(context.Context, pgx.Tx, string) (workers.Result, error) {
+			return workers.Result{}, nil
+		}})
+	}}}}
+	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		for _, k := range []struct{ kind, key string }{{"no_such_kind", "k"}, {"thing", "a"}, {"thing", "b"}} {
+			if err := jobs.Dirty(ctx, tx, k.kind, k.key, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+
+	r := run(t, ctx, app, dbEnv(db), "doctor")
+	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+no registered reconciler handles the dirty keys of no_such_kind \(1 key\): `+
+		`a typo in jobs.Dirty, or a module missing from this binary \(registered: thing\)$`, r.stdout)
+	// Nobody works the shards either: the keys' jobs wait.
+	require.Regexp(t, `(?m)^FAIL\s+leases\s`, r.stdout)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 2 of 13 checks failed: leases, reconcilers$`)
+
+	// A binary without the module handles neither kind.
+	r = run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+no registered reconciler handles the dirty keys of no_such_kind \(1 key\), thing \(2 keys\): `, r.stdout)
+}
+
+// TestDoctorSaysWhatFailedToConnect: a failed connection ends stderr with one
+// line that carries its code and says what failed.
+func TestDoctorSaysWhatFailedToConnect(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+
+	r := run(t, ctx, cli.App{}, []string{fmt.Sprintf("BETTER_COMPUTE_DATABASE_URL=postgres://bob@127.0.0.1:%d/db?connect_timeout=5", port)}, "doctor")
+	require.Regexp(t, `^FAIL connect\s+\S`, r.stdout)
+	requireErrLine(t, r, `^UNAVAILABLE: doctor: connect failed: .*127\.0\.0\.1`)
+
+	// A role the server does not know: the configuration is wrong.
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	r = run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=" + pgtest.WithUser(db.URL, "no_such_role", "")}, "doctor")
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: connect failed: .*no_such_role`)
+
+	// A bad threshold is a usage error.
+	r = run(t, ctx, cli.App{}, dbEnv(db), "doctor", "--max-xact-age", "0s")
+	requireErrLine(t, r, `^INVALID_ARGUMENT: doctor: --max-xact-age must be positive`)
+}
+
+func TestDoctorFailsOnATamperedLedger(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").code)
+	db.MustExec(t, "INSERT INTO compute_migrations (name, applied_at) VALUES ('core/9999_future', compute_now())")
+
+	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	require.NotEqual(t, 0, r.code)
+	require.Regexp(t, `(?m)^FAIL\s+ledger\s+.*core/9999_future`, r.stdout)
+	require.Regexp(t, `(?m)^OK\s+connect`, r.stdout, "the other checks still run")
+	require.Contains(t, r.stderr, "INVALID_CONFIG")
+
+	// migrate refuses it too, and applies nothing.
+	before := ledger(t, db)
+	r = run(t, ctx, cli.App{}, dbEnv(db), "migrate")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "INVALID_CONFIG")
+	require.Contains(t, r.stderr, "core/9999_future")
+	require.Equal(t, before, ledger(t, db))
+}
+
+func TestDoctorFailsOnAMissingExtension(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	require.NotEqual(t, 0, r.code)
+	require.Regexp(t, `(?m)^FAIL\s+btree_gist\s`, r.stdout)
+	require.Regexp(t, `(?m)^FAIL\s+ledger\s+.*pending`, r.stdout)
+	require.Regexp(t, `(?m)^FAIL\s+clock\s+.*missing`, r.stdout)
+	require.Regexp(t, `(?m)^OK\s+connect`, r.stdout)
+}
