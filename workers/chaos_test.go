@@ -49,13 +49,14 @@ type chaosReport struct {
 	Overlaps     int           // two reconciles of one key whose intervals overlap
 	Strays       int           // running shard jobs not attempted by their shard's live holder
 	HandedBack   int           // jobs a shard's holder handed back (at takeover or by its sweep)
+	Swept        int           // … of them, strays found after a lease round (no takeover)
 	Converged    time.Duration // from the writer's stop to every key reconciled
 	Changes      int64
 }
 
 func (r chaosReport) String() string {
-	return fmt.Sprintf("rounds %d, takeovers %d, stale commits %d, overlapping reconciles %d, stranded jobs %d, jobs handed back %d, converged %s after the writer stopped (%d changes)",
-		r.Rounds, r.Takeovers, r.StaleCommits, r.Overlaps, r.Strays, r.HandedBack, r.Converged.Round(time.Millisecond), r.Changes)
+	return fmt.Sprintf("rounds %d, takeovers %d, stale commits %d, overlapping reconciles %d, stranded jobs %d, jobs handed back %d (%d of them strays found after a lease round), converged %s after the writer stopped (%d changes)",
+		r.Rounds, r.Takeovers, r.StaleCommits, r.Overlaps, r.Strays, r.HandedBack, r.Swept, r.Converged.Round(time.Millisecond), r.Changes)
 }
 
 // pidOwner matches the lease owner of process pid (host-pid-random).
@@ -154,6 +155,7 @@ func runChaos(t *testing.T, db *pgtest.DB, url string, procs, rounds int) chaosR
 		rep.StaleCommits += db.MustCount(t, `SELECT count(*) FROM example_reconcile_log WHERE worker = $1 AND finished_at > $2`, strconv.Itoa(p.pid), p.taken)
 	}
 	rep.HandedBack = db.MustCount(t, `SELECT count(*) FROM river_job j, unnest(j.errors) e WHERE e->>'error' LIKE 'handed back by %'`)
+	rep.Swept = db.MustCount(t, `SELECT count(*) FROM river_job j, unnest(j.errors) e WHERE e->>'error' LIKE 'handed back by %, after a lease round:%'`)
 	rep.Overlaps = db.MustCount(t, `SELECT count(*) FROM example_reconcile_log a JOIN example_reconcile_log b
 		ON a.item_id = b.item_id AND a.id < b.id AND a.started_at < b.finished_at AND b.started_at < a.finished_at`)
 	rep.Strays = db.MustCount(t, strayJobsSQL)

@@ -187,10 +187,12 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 
 	rt.keeper = lease.NewKeeper(lease.KeeperOptions{
 		DB: o.Pool, Owner: o.Owner, TTL: o.LeaseTTL, Renew: o.LeaseRenew, Anchor: rt.anchor,
-		Log:   o.Log.With().Str("component", "lease").Logger(),
-		Taken: func(ctx context.Context, tx pgx.Tx, l lease.Lease) error { return rt.handBack(ctx, tx, l) },
+		Log: o.Log.With().Str("component", "lease").Logger(),
+		Taken: func(ctx context.Context, tx pgx.Tx, l lease.Lease) error {
+			return rt.handBack(ctx, tx, "at its takeover", l)
+		},
 		Kept: func(ctx context.Context, held []lease.Lease) {
-			if err := rt.handBack(ctx, rt.pool, held...); err != nil && ctx.Err() == nil {
+			if err := rt.handBack(ctx, rt.pool, "after a lease round", held...); err != nil && ctx.Err() == nil {
 				rt.log.Warn().Err(err).Msg("could not hand back stray jobs; the next lease round retries")
 			}
 		},
@@ -280,7 +282,7 @@ func (rt *Runtime) leaseForQueue(queue string) (lease.Lease, bool) {
 // themselves, so a holder that lost a lease hands back nothing of that shard,
 // and it skips rows locked by a transaction still in flight (the next round
 // takes them). $1 lease names, $2 epochs, $3 queues (aligned), $4 this owner,
-// $5 the time for the errors entry.
+// $5 the time for the errors entry, $6 when (at its takeover, after a lease round).
 const handBackSQL = `
 WITH fence AS (
     SELECT r.queue FROM compute_leases l
@@ -297,7 +299,7 @@ WITH fence AS (
 UPDATE river_job j SET state = 'available',
        errors = array_append(j.errors, jsonb_build_object(
            'at', $5::timestamptz, 'attempt', j.attempt,
-           'error', 'handed back by ' || $4 || ', the holder of ' || j.queue || ': the attempt of '
+           'error', 'handed back by ' || $4 || ', the holder of ' || j.queue || ', ' || $6 || ': the attempt of '
                     || coalesce(j.attempted_by[array_length(j.attempted_by, 1)], 'nobody') || ' is fenced',
            'trace', ''))
 FROM stray WHERE j.id = stray.id
@@ -308,7 +310,7 @@ RETURNING j.queue`
 // that acquires the lease (the previous holder's jobs), and after every lease
 // round (a paused process that woke, fetched and died), so a shard's holder owns
 // every running job of its queue within one renewal interval.
-func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, ls ...lease.Lease) error {
+func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, when string, ls ...lease.Lease) error {
 	names := make([]string, 0, len(ls))
 	epochs := make([]int64, 0, len(ls))
 	queues := make([]string, 0, len(ls))
@@ -326,7 +328,7 @@ func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, ls ...lease.Lease) 
 	if len(names) == 0 {
 		return nil
 	}
-	rows, err := db.Query(ctx, handBackSQL, names, epochs, queues, rt.o.Owner, time.Now())
+	rows, err := db.Query(ctx, handBackSQL, names, epochs, queues, rt.o.Owner, time.Now(), when)
 	if err != nil {
 		return fmt.Errorf("error handing back the running jobs of shards %v: %w", queues, err)
 	}
@@ -342,7 +344,7 @@ func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, ls ...lease.Lease) 
 		counts[q]++
 	}
 	for q, n := range counts {
-		rt.log.Info().Str("queue", q).Int("jobs", n).Msg("handed back running jobs another process attempted")
+		rt.log.Info().Str("queue", q).Int("jobs", n).Str("when", when).Msg("handed back running jobs another process attempted")
 	}
 	rt.metrics.handedBack(int64(len(byQueue)))
 	return nil

@@ -54,7 +54,7 @@ func TestHolderHandsBackStrayJobs(t *testing.T) {
 	t.Logf("stray job worked %s after it appeared (renewal interval 500ms)", took.Round(time.Millisecond))
 	require.Equal(t, 1, db.MustCount(t, `SELECT n FROM test_items WHERE key = 'a'`), "worked exactly once")
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job, unnest(errors) e
-		WHERE id = $1 AND e->>'error' LIKE 'handed back by ' || $2 || '%dead-process%'`, stray, rt.Owner()),
+		WHERE id = $1 AND e->>'error' LIKE 'handed back by ' || $2 || '%after a lease round%dead-process%'`, stray, rt.Owner()),
 		"the job's errors say who handed it back, and whose attempt it was")
 	require.Equal(t, "running", jobState(t, db, own), "the holder's own running job is not handed back")
 	require.Equal(t, epoch, db.MustCount(t, `SELECT epoch FROM compute_leases WHERE name = 'shard/3'`), "no takeover was needed")
