@@ -447,8 +447,15 @@ func TestCancelledMigrationRollsBack(t *testing.T) {
 
 	require.Equal(t, []string{"alpha/0001_t1"}, ledger(t, db))
 	require.False(t, tableExists(t, db, "alpha_2"), "the interrupted migration rolled back")
-	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND (wait_event = 'PgSleep' OR state LIKE 'idle in transaction%')`))
+	// The cancelled context closed its connection (no cancel request: see
+	// platform/pg); the server ends the statement, and releases the migration
+	// lock, when it notices, within about a second.
+	require.Eventually(t, func() bool {
+		var n int
+		err := db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND (wait_event = 'PgSleep' OR state LIKE 'idle in transaction%')`).Scan(&n)
+		return err == nil && n == 0
+	}, 10*time.Second, 20*time.Millisecond, "the interrupted migration still runs on the server")
 
 	db.MustExec(t, "DROP TABLE go_slow")
 	res, err = set.Apply(ctx, db.Pool, nil)

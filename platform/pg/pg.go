@@ -45,6 +45,8 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -119,9 +121,13 @@ func Open(ctx context.Context, o Options) (*Pool, error) {
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
-	// A cancelled context closes the connection (pgx's default handler); the
-	// server notices within clientCheckInterval (see beginSQL). With
-	// CancelRequests it cancels the statement on the server instead.
+	// A cancelled context interrupts the operation (pgx's default handler: a
+	// deadline on the socket), and pgx then closes the connection, first sending
+	// a cancel request to the connection's RemoteAddr. noCancels turns that
+	// cancel request into closing the socket at once, so none is sent and the
+	// server notices the closed connection within clientCheckInterval (see
+	// beginSQL). With CancelRequests the statement is cancelled on the server
+	// instead, and the connection kept.
 	check := clientCheckInterval
 	if o.CancelRequests {
 		cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
@@ -130,22 +136,9 @@ func Open(ctx context.Context, o Options) (*Pool, error) {
 		check = 0
 	} else {
 		cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-			return closeOnCancel{c.Conn()}
+			return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 		}
-		// pgx also sends a cancel request when it closes a connection after an
-		// interrupted operation; its target is the connection's RemoteAddr, which
-		// noCancelConn makes undialable, so none is ever sent.
-		dial := cfg.ConnConfig.DialFunc
-		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			if network == noCancelNetwork {
-				return nil, errNoCancel
-			}
-			c, err := dial(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return noCancelConn{c}, nil
-		}
+		cfg.ConnConfig.DialFunc = (&noCancels{dial: cfg.ConnConfig.DialFunc}).DialContext
 	}
 
 	p := &Pool{timeout: o.StatementTimeout, app: o.ApplicationName, check: check}
@@ -169,31 +162,59 @@ func Open(ctx context.Context, o Options) (*Pool, error) {
 	return p, nil
 }
 
-// closeOnCancel closes the server connection when the context of an operation
-// on it is cancelled. (pgx's default only sets a deadline, and then waits up to
-// 15 s for the server to finish the statement before it closes the socket: a
-// server busy in a long statement or a lock wait reads nothing until then.)
-type closeOnCancel struct{ conn net.Conn }
+// noCancels dials server connections whose cancel requests are never sent.
+// pgx sends one when it closes a connection after an interrupted operation,
+// dialing the connection's RemoteAddr; a noCancelConn's RemoteAddr names the
+// connection itself on a network of its own, and dialing it closes that
+// connection instead. (pgx would otherwise wait up to 15 s for the server to
+// finish the statement before it closes the socket: a server busy in a long
+// statement or a lock wait reads nothing until then.)
+type noCancels struct {
+	dial  pgconn.DialFunc
+	next  atomic.Uint64
+	conns sync.Map // noCancelAddr -> *noCancelConn
+}
 
-func (h closeOnCancel) HandleCancel(context.Context) { _ = h.conn.Close() }
-func (h closeOnCancel) HandleUnwatchAfterCancel()    {}
+// DialContext is the pool's DialFunc.
+func (n *noCancels) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	if network == noCancelNetwork {
+		if c, ok := n.conns.Load(noCancelAddr(addr)); ok {
+			_ = c.(*noCancelConn).Close()
+		}
+		return nil, errNoCancel
+	}
+	c, err := n.dial(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	nc := &noCancelConn{Conn: c, addr: noCancelAddr(fmt.Sprintf("conn-%d", n.next.Add(1))), owner: n}
+	n.conns.Store(nc.addr, nc)
+	return nc, nil
+}
 
 // noCancelNetwork is the network of a noCancelConn's RemoteAddr.
 const noCancelNetwork = "bettercompute-no-cancel-requests"
 
-var errNoCancel = errors.New("cancel requests are off (BETTER_COMPUTE_DB_CANCEL_REQUESTS)")
+var errNoCancel = errors.New("cancel requests are off (BETTER_COMPUTE_DB_CANCEL_REQUESTS): the connection was closed instead")
 
-// noCancelConn is a server connection whose remote address cannot be dialed, so
-// that pgx, which sends a cancel request to that address when it closes a
-// connection whose context was cancelled, sends none.
-type noCancelConn struct{ net.Conn }
+// noCancelConn is a server connection dialed by noCancels.
+type noCancelConn struct {
+	net.Conn
+	addr  noCancelAddr
+	owner *noCancels
+}
 
-func (noCancelConn) RemoteAddr() net.Addr { return noCancelAddr{} }
+func (c *noCancelConn) RemoteAddr() net.Addr { return c.addr }
 
-type noCancelAddr struct{}
+func (c *noCancelConn) Close() error {
+	c.owner.conns.Delete(c.addr)
+	return c.Conn.Close()
+}
 
-func (noCancelAddr) Network() string { return noCancelNetwork }
-func (noCancelAddr) String() string  { return "no cancel requests" }
+type noCancelAddr string
+
+func (noCancelAddr) Network() string  { return noCancelNetwork }
+func (a noCancelAddr) String() string { return string(a) }
 
 // redacted is an error whose text has the password removed, keeping the cause
 // in the chain so that SQLState and Translate still read it.
