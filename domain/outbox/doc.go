@@ -45,9 +45,31 @@
 //	                                                          ▼
 //	                                         batch delivered again by the next owner
 //
+// # Retention and the horizon
+//
 // Retention (Prune) deletes, in bounded batches, the rows every sink cursor has
 // passed and that are older than the replay window; with no sink, the rows of
-// ended transactions older than the window.
+// ended transactions older than the window. It deletes a prefix of the log (it
+// stops at the first row that must stay) and, in the same transaction, moves
+// the horizon in compute_events_pruned to the last row it deleted:
+//
+//	   deleted: every event ≤ horizon   stored: every committed event > horizon
+//	──────────────────────────────────●────────────────────────────────────▶ (txid, seq)
+//	                               horizon
+//
+// Invariants:
+//
+//   - The horizon only moves forward (PrunedThrough reads it).
+//   - A reader at cursor c has lost events iff the horizon is after c
+//     (Horizon.Lost). Start means "every retained event" and never loses any.
+//   - The SSE stream tells a client that resumes, or falls, behind the horizon
+//     with an "event: reset" record naming the horizon and the earliest stored
+//     event, then goes on after the horizon (see NewSSEHandler).
+//   - ResetSink refuses After(c) behind the horizon (INVALID_ARGUMENT). Prune
+//     locks the horizon row FOR UPDATE before its delete, and ResetSink holds it
+//     FOR SHARE while it moves the cursor: under read committed the delete's
+//     snapshot then sees any reset that committed while it waited, or the reset
+//     sees the horizon Prune left. No accepted reset has its events deleted.
 //
 // # The table dispatcher
 //

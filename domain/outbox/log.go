@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -142,9 +143,20 @@ type ReadOptions struct {
 // readSQL is seed 000's read rule. The inner scan walks the (txid, seq) primary
 // key from the cursor and stops at the limit or at the snapshot's xmin, so its
 // cost is the batch, not the log. $1 txid, $2 seq, $3 limit, $4 topics.
-const readSQL = `
+const readSQL = readSelect + readFrom
+
+// readStreamSQL is readSQL that also returns, on every row, the retention
+// horizon in the read's own snapshot, for the SSE stream: an uncorrelated
+// subquery (an init plan) that the server runs once, and only when the read
+// returns a row, so an idle poll costs nothing more.
+const readStreamSQL = readSelect + `,
+       (SELECT p.through_txid::text || ':' || p.through_seq FROM compute_events_pruned p WHERE p.id) AS horizon` + readFrom
+
+const readSelect = `
 SELECT s.txid::text AS txid_text, s.seq, s.topic, s.key,
-       CASE WHEN s.wanted THEN s.payload::text END AS payload_text, s.created_at, s.wanted
+       CASE WHEN s.wanted THEN s.payload::text END AS payload_text, s.created_at, s.wanted`
+
+const readFrom = `
 FROM (
     SELECT e.txid, e.seq, e.topic, e.key, e.payload, e.created_at,
            (cardinality($4::text[]) = 0 OR e.topic = ANY($4::text[])) AS wanted
@@ -166,6 +178,25 @@ ORDER BY s.txid, s.seq`
 // last scanned row (o.After when none: read again later), and the number of rows
 // scanned; scanned == Limit means more may be ready now.
 func Read(ctx context.Context, db pg.DBTX, o ReadOptions) (events []Event, next Cursor, scanned int, err error) {
+	b, err := read(ctx, db, o, false)
+	return b.events, b.next, b.scanned, err
+}
+
+// batch is what read returns: Read's results, the first scanned row, and with
+// withHorizon the retention horizon in the read's own snapshot.
+type batch struct {
+	events  []Event
+	next    Cursor // the last scanned row (o.After when none)
+	scanned int
+	// first is the first scanned row, horizon the horizon in the read's
+	// snapshot; both are zero when the read scanned nothing. Events after
+	// o.After were deleted before the read iff o.After.Less(horizon); first is
+	// then the earliest event stored after the horizon (retention deletes a
+	// prefix of the log).
+	first, horizon Cursor
+}
+
+func read(ctx context.Context, db pg.DBTX, o ReadOptions, withHorizon bool) (batch, error) {
 	if o.Limit <= 0 {
 		o.Limit = 1000
 	}
@@ -173,40 +204,61 @@ func Read(ctx context.Context, db pg.DBTX, o ReadOptions) (events []Event, next 
 	if topics == nil {
 		topics = []string{}
 	}
-	rows, err := db.Query(ctx, readSQL, o.After.txidText(), o.After.Seq, o.Limit, topics)
+	sql := readSQL
+	if withHorizon {
+		sql = readStreamSQL
+	}
+	fail := func(err error) (batch, error) { return batch{next: o.After}, err }
+	rows, err := db.Query(ctx, sql, o.After.txidText(), o.After.Seq, o.Limit, topics)
 	if err != nil {
-		return nil, o.After, 0, pg.Translate(fmt.Errorf("error reading events: %w", err))
+		return fail(pg.Translate(fmt.Errorf("error reading events: %w", err)))
 	}
 	defer rows.Close()
-	next = o.After
+	b := batch{next: o.After}
 	for rows.Next() {
 		var (
 			txid    string
 			payload *string
 			wanted  bool
+			hz      *string
 			e       Event
 		)
-		if err := rows.Scan(&txid, &e.ID.Seq, &e.Topic, &e.Key, &payload, &e.CreatedAt, &wanted); err != nil {
-			return nil, o.After, 0, pg.Translate(fmt.Errorf("error reading events: %w", err))
+		dest := []any{&txid, &e.ID.Seq, &e.Topic, &e.Key, &payload, &e.CreatedAt, &wanted}
+		if withHorizon {
+			dest = append(dest, &hz)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return fail(pg.Translate(fmt.Errorf("error reading events: %w", err)))
 		}
 		c, err := scanCursor(txid, e.ID.Seq)
 		if err != nil {
-			return nil, o.After, 0, err
+			return fail(err)
+		}
+		if b.scanned == 0 {
+			b.first = c
+			if withHorizon {
+				if hz == nil {
+					return fail(errNoHorizon)
+				}
+				if b.horizon, err = ParseCursor(*hz); err != nil {
+					return fail(fmt.Errorf("error parsing the retention horizon %q: %w", *hz, err))
+				}
+			}
 		}
 		e.ID = c
-		next = c
-		scanned++
+		b.next = c
+		b.scanned++
 		if wanted {
 			if payload != nil {
 				e.Payload = json.RawMessage(*payload)
 			}
-			events = append(events, e)
+			b.events = append(b.events, e)
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, o.After, 0, pg.Translate(fmt.Errorf("error reading events: %w", err))
+		return fail(pg.Translate(fmt.Errorf("error reading events: %w", err)))
 	}
-	return events, next, scanned, nil
+	return b, nil
 }
 
 // Resolve turns a position into a cursor: Start is the zero cursor, End the
@@ -235,11 +287,21 @@ type PruneOptions struct {
 	Batch int
 }
 
+// pruneLockSQL locks the horizon row, so that Prune and ResetSink take turns
+// (see Prune), and reads the isolation level Prune's argument rests on.
+const pruneLockSQL = `SELECT current_setting('transaction_isolation') FROM compute_events_pruned WHERE id FOR UPDATE`
+
 // pruneSQL deletes, among the first $2 rows of the log in (txid, seq) order,
-// those that every sink cursor has passed (with no sink: every ended
-// transaction's rows) and that are older than the window $1 (seconds). Scanning
-// only the head keeps a call bounded whatever the log holds; the head is where
-// the oldest, passed rows are.
+// the leading run of rows that every sink cursor has passed (with no sink:
+// every ended transaction's rows) and that are older than the window $1
+// (seconds), and moves the horizon to the last row it deleted. It stops at the
+// first row that must stay, so what retention has deleted is always a prefix of
+// the log: everything at or before the horizon is gone, everything after it is
+// stored. Scanning only the head keeps a call bounded whatever the log holds;
+// the head is where the oldest, passed rows are. The delete fetches the rows
+// the head scan found by their ctid, in the same snapshot (a TID scan whatever
+// the statistics say, where a join on the key could hash the whole log). It
+// returns the number deleted, or no row when it deleted none.
 const pruneSQL = `
 WITH bound AS (
     SELECT b.t, b.s FROM (
@@ -250,20 +312,48 @@ WITH bound AS (
     ORDER BY b.t, b.s
     LIMIT 1
 ), head AS (
-    SELECT e.txid, e.seq, e.created_at FROM compute_events e
+    SELECT e.ctid AS row_id, e.txid, e.seq, e.created_at FROM compute_events e
     ORDER BY e.txid, e.seq
     LIMIT $2
-), doomed AS (
+), kept AS (
     SELECT h.txid, h.seq FROM head h, bound
-    WHERE (h.txid, h.seq) <= (bound.t, bound.s)
-      AND h.created_at < compute_now() - make_interval(secs => $1)
+    WHERE (h.txid, h.seq) > (bound.t, bound.s)
+       OR h.created_at >= compute_now() - make_interval(secs => $1)
+    ORDER BY h.txid, h.seq
+    LIMIT 1
+), doomed AS (
+    SELECT h.row_id FROM head h
+    WHERE NOT EXISTS (SELECT 1 FROM kept)
+       OR (h.txid, h.seq) < (SELECT k.txid, k.seq FROM kept k)
+), deleted AS (
+    DELETE FROM compute_events e
+    WHERE e.ctid = ANY (ARRAY(SELECT d.row_id FROM doomed d))
+    RETURNING e.txid, e.seq
+), last AS (
+    SELECT d.txid, d.seq, (SELECT count(*) FROM deleted) AS n FROM deleted d
+    ORDER BY d.txid DESC, d.seq DESC
+    LIMIT 1
 )
-DELETE FROM compute_events e USING doomed d
-WHERE e.txid = d.txid AND e.seq = d.seq`
+UPDATE compute_events_pruned p
+SET through_txid = CASE WHEN (l.txid, l.seq) > (p.through_txid, p.through_seq) THEN l.txid ELSE p.through_txid END,
+    through_seq  = CASE WHEN (l.txid, l.seq) > (p.through_txid, p.through_seq) THEN l.seq ELSE p.through_seq END,
+    pruned = p.pruned + l.n, updated_at = compute_now()
+FROM last l
+WHERE p.id
+RETURNING l.n`
 
 // Prune deletes one bounded batch of events that every sink cursor has passed
-// and that are older than o.Keep, and returns how many it deleted. A result of
-// o.Batch means more may be deletable now.
+// and that are older than o.Keep, records the retention horizon (the last event
+// it deleted: see PrunedThrough) in the same transaction, and returns how many
+// it deleted. A result of o.Batch means more may be deletable now.
+//
+// It runs in a transaction of its own, or in a savepoint when db is a pgx.Tx
+// (the horizon row stays locked until that transaction ends), which must be
+// read committed: it first locks the horizon row, and only then deletes, in a
+// statement whose snapshot sees any sink reset that committed while it waited.
+// A ResetSink to a cursor holds the same row, so a reset is either seen by the
+// delete or sees its horizon and is refused; no accepted reset loses events. It
+// returns INVALID_ARGUMENT inside a transaction of another isolation level.
 func Prune(ctx context.Context, db pg.DBTX, o PruneOptions) (int, error) {
 	if o.Batch <= 0 {
 		o.Batch = 10000
@@ -271,9 +361,108 @@ func Prune(ctx context.Context, db pg.DBTX, o PruneOptions) (int, error) {
 	if o.Keep < 0 {
 		o.Keep = 0
 	}
-	tag, err := db.Exec(ctx, pruneSQL, o.Keep.Seconds(), o.Batch)
+	var n int64
+	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+		var iso string
+		if err := tx.QueryRow(ctx, pruneLockSQL).Scan(&iso); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return errNoHorizon
+			}
+			return pg.Translate(fmt.Errorf("error locking the retention horizon: %w", err))
+		}
+		if iso != "read committed" {
+			return fault.New(fault.InvalidArgument, "outbox.Prune needs a read committed transaction, not %s: its delete must see the sink resets that committed while it waited", iso)
+		}
+		err := tx.QueryRow(ctx, pruneSQL, o.Keep.Seconds(), o.Batch).Scan(&n)
+		if errors.Is(err, pgx.ErrNoRows) {
+			n = 0
+			return nil
+		}
+		if err != nil {
+			return pg.Translate(fmt.Errorf("error pruning events: %w", err))
+		}
+		return nil
+	})
 	if err != nil {
-		return 0, pg.Translate(fmt.Errorf("error pruning events: %w", err))
+		return 0, err
 	}
-	return int(tag.RowsAffected()), nil
+	return int(n), nil
+}
+
+// errNoHorizon is the error for a database whose horizon row is missing.
+var errNoHorizon = fault.New(fault.InvalidConfig, "the outbox retention horizon (compute_events_pruned) has no row: run better-compute migrate")
+
+// Horizon is what retention has left of the event log.
+type Horizon struct {
+	// Through is the retention horizon: the last event retention has deleted
+	// (the zero Cursor when it has deleted none). Every event at or before it is
+	// gone; every committed event after it is still stored.
+	Through Cursor
+	// Earliest is the first event after Through that a reader can read now (the
+	// zero Cursor when there is none yet).
+	Earliest Cursor
+	// Pruned counts the events retention has deleted.
+	Pruned int64
+}
+
+// Lost reports whether a reader at cursor c has lost events to retention: some
+// event after c was deleted, i.e. the horizon is after c in (txid, seq) order.
+// A reader that resumes from Start has lost nothing by definition (Start means
+// every retained event) and should not ask.
+func (h Horizon) Lost(c Cursor) bool { return c.Less(h.Through) }
+
+// PrunedThrough returns the retention horizon: the last event retention has
+// deleted (the zero Cursor when none). Events after c were deleted, and a reader
+// at c cannot read them, iff c.Less(horizon). One index probe of a one-row table.
+func PrunedThrough(ctx context.Context, db pg.DBTX) (Cursor, error) {
+	var (
+		txid string
+		seq  int64
+	)
+	err := db.QueryRow(ctx, `SELECT through_txid::text, through_seq FROM compute_events_pruned WHERE id`).Scan(&txid, &seq)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Cursor{}, errNoHorizon
+	}
+	if err != nil {
+		return Cursor{}, pg.Translate(fmt.Errorf("error reading the retention horizon: %w", err))
+	}
+	return scanCursor(txid, seq)
+}
+
+// readHorizonSQL reads the horizon and, with the read rule, the first readable
+// event after it: two index probes.
+const readHorizonSQL = `
+SELECT p.through_txid::text, p.through_seq, p.pruned, coalesce(e.txid::text, '0'), coalesce(e.seq, 0)
+FROM compute_events_pruned p
+LEFT JOIN LATERAL (
+    SELECT e.txid, e.seq FROM compute_events e
+    WHERE e.txid < pg_snapshot_xmin(pg_current_snapshot())
+      AND (e.txid, e.seq) > (p.through_txid, p.through_seq)
+    ORDER BY e.txid, e.seq
+    LIMIT 1
+) e ON true
+WHERE p.id`
+
+// ReadHorizon returns the retention horizon with the first event a reader can
+// read after it and the count of pruned events (see Horizon).
+func ReadHorizon(ctx context.Context, db pg.DBTX) (Horizon, error) {
+	var (
+		h          Horizon
+		txid, etid string
+		seq, eseq  int64
+	)
+	err := db.QueryRow(ctx, readHorizonSQL).Scan(&txid, &seq, &h.Pruned, &etid, &eseq)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Horizon{}, errNoHorizon
+	}
+	if err != nil {
+		return Horizon{}, pg.Translate(fmt.Errorf("error reading the retention horizon: %w", err))
+	}
+	if h.Through, err = scanCursor(txid, seq); err != nil {
+		return Horizon{}, err
+	}
+	if h.Earliest, err = scanCursor(etid, eseq); err != nil {
+		return Horizon{}, err
+	}
+	return h, nil
 }

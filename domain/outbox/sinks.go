@@ -178,7 +178,17 @@ func setPaused(ctx context.Context, db pg.DBTX, name string, paused bool) error 
 // ResetSink moves sink name's cursor to p (Start, End or After(c)) and clears
 // its failures, and returns the new cursor. A delivery in flight does not move
 // the cursor back over it: its advance finds the cursor moved and is dropped.
-// It returns NOT_FOUND for an unknown sink.
+//
+// A reset to After(c) is refused when retention has deleted events after c
+// (the horizon is after c: see PrunedThrough), since the sink could not deliver
+// them; the error names the horizon and the earliest event still stored. It
+// holds the horizon row (FOR SHARE) while it moves the cursor, so a concurrent
+// Prune either deletes nothing after the new cursor or has moved the horizon
+// first and the reset is refused. Start (every retained event) and End are
+// never refused.
+//
+// It returns NOT_FOUND for an unknown sink and INVALID_ARGUMENT for a reset to
+// a pruned position.
 func ResetSink(ctx context.Context, db pg.DBTX, name string, p Position) (Cursor, error) {
 	var (
 		txid string
@@ -191,20 +201,71 @@ func ResetSink(ctx context.Context, db pg.DBTX, name string, p Position) (Cursor
 SET cursor_txid = pg_snapshot_xmin(pg_current_snapshot()), cursor_seq = 0, reset_gen = reset_gen + 1,
     failures = 0, last_error = NULL, last_error_at = NULL, updated_at = compute_now()
 WHERE name = $1 RETURNING cursor_txid::text, cursor_seq`, name).Scan(&txid, &seq)
-	default:
-		c := p.cursor // zero for Start
-		err = db.QueryRow(ctx, `UPDATE compute_sinks
-SET cursor_txid = $2::text::xid8, cursor_seq = $3, reset_gen = reset_gen + 1,
-    failures = 0, last_error = NULL, last_error_at = NULL, updated_at = compute_now()
-WHERE name = $1 RETURNING cursor_txid::text, cursor_seq`, name, c.txidText(), c.Seq).Scan(&txid, &seq)
+	case posCursor:
+		err = pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+			return resetSinkToCursor(ctx, tx, name, p.cursor, &txid, &seq)
+		})
+	default: // Start: the zero cursor, every retained event
+		err = db.QueryRow(ctx, resetSinkSQL, name, "0", 0).Scan(&txid, &seq)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Cursor{}, notFound(ctx, db, name)
+	}
+	if f := (*fault.Error)(nil); errors.As(err, &f) {
+		return Cursor{}, err // the refusal (or a translated error), as it is
 	}
 	if err != nil {
 		return Cursor{}, pg.Translate(fmt.Errorf("error resetting sink %s: %w", name, err))
 	}
 	return scanCursor(txid, seq)
+}
+
+const resetSinkSQL = `UPDATE compute_sinks
+SET cursor_txid = $2::text::xid8, cursor_seq = $3, reset_gen = reset_gen + 1,
+    failures = 0, last_error = NULL, last_error_at = NULL, updated_at = compute_now()
+WHERE name = $1 RETURNING cursor_txid::text, cursor_seq`
+
+// resetSinkToCursor is ResetSink to After(c), in tx: it share-locks the horizon
+// row (waiting for a Prune in progress, and then reading the horizon that Prune
+// left), refuses a cursor behind it, and moves the cursor while holding the row,
+// so that the next Prune's delete sees the new cursor.
+func resetSinkToCursor(ctx context.Context, tx pgx.Tx, name string, c Cursor, txid *string, seq *int64) error {
+	var (
+		ht string
+		hs int64
+	)
+	err := tx.QueryRow(ctx, `SELECT through_txid::text, through_seq FROM compute_events_pruned WHERE id FOR SHARE`).Scan(&ht, &hs)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return errNoHorizon
+	}
+	if err != nil {
+		return pg.Translate(fmt.Errorf("error locking the retention horizon: %w", err))
+	}
+	through, err := scanCursor(ht, hs)
+	if err != nil {
+		return err
+	}
+	if !c.Less(through) {
+		return tx.QueryRow(ctx, resetSinkSQL, name, c.txidText(), c.Seq).Scan(txid, seq)
+	}
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM compute_sinks WHERE name = $1)`, name).Scan(&exists); err != nil {
+		return pg.Translate(fmt.Errorf("error resetting sink %s: %w", name, err))
+	}
+	if !exists {
+		return pgx.ErrNoRows
+	}
+	h, err := ReadHorizon(ctx, tx)
+	if err != nil {
+		return err
+	}
+	earliest := "none is stored yet"
+	if !h.Earliest.IsZero() {
+		earliest = "the earliest available is " + h.Earliest.String()
+	}
+	return fault.New(fault.InvalidArgument,
+		"sink %s cannot be reset to %s: retention has deleted the events after it through %s (%s); reset it to start (--to start) to deliver every retained event, or to %s (--to %s) to deliver what follows the deleted ones",
+		name, c, h.Through, earliest, h.Through, h.Through)
 }
 
 // SinkPosition is where a sink's next delivery starts.

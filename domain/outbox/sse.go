@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
 	"github.com/bettercompute/bettercompute/platform/pg"
@@ -41,6 +42,27 @@ type SSEData struct {
 	CreatedAt time.Time       `json:"created_at"`
 }
 
+// SSEReset is the JSON of a reset record's data line: the events after
+// LastEventID up to ResumeAfter were deleted by retention before the stream
+// could send them (see NewSSEHandler).
+type SSEReset struct {
+	// Reason is why: "pruned".
+	Reason string `json:"reason"`
+	// LastEventID is the position the stream was at: the Last-Event-ID (or
+	// from=TXID:SEQ) the client resumed from, or the stream's own position when
+	// it fell behind while connected.
+	LastEventID string `json:"last_event_id"`
+	// ResumeAfter is the retention horizon, the last deleted event: the stream
+	// goes on after it, and it is the record's id, so a reconnect resumes there.
+	ResumeAfter string `json:"resume_after"`
+	// Earliest is the first event still stored after the horizon ("" when
+	// none is readable yet).
+	Earliest string `json:"earliest"`
+}
+
+// ResetPruned is SSEReset.Reason for events deleted by retention.
+const ResetPruned = "pruned"
+
 // NewSSEHandler returns the event stream, GET /v1/events: Server-Sent Events
 // read from the log with the same rule as sinks (see Read), each with
 //
@@ -56,6 +78,32 @@ type SSEData struct {
 // starting cursor (so a reconnect before any event loses nothing), sends a
 // comment line every Heartbeat, and then an id line for rows of other topics it
 // has moved past, so a resuming filtered client need not scan them again.
+//
+// # Events deleted by retention
+//
+// Retention deletes old events (see Prune) and records the last one it deleted,
+// the horizon (see PrunedThrough). A stream that resumes from an explicit cursor
+// (Last-Event-ID, last_event_id or from=TXID:SEQ) behind the horizon cannot
+// deliver the events it missed, and says so: its first record, after the retry
+// line, is
+//
+//	event: reset
+//	id: HORIZON
+//	data: {"reason":"pruned","last_event_id":"TXID:SEQ","resume_after":"HORIZON","earliest":"TXID:SEQ"}
+//
+// (earliest is the first event still stored, "" when none is readable yet), and
+// it then streams every event after the horizon. A browser EventSource
+// dispatches it as a "reset" event (addEventListener("reset", …); onmessage does
+// not see it) and takes HORIZON as its last event id, so a reconnect is not
+// reset again; a client that keeps state built from the events should rebuild
+// it (from its own source of truth, or from=start: every retained event). A
+// stream that falls behind the horizon while connected (a client reading slower
+// than retention deletes) gets the same record, with its own position as
+// last_event_id, before any event after the gap: every read that returns rows
+// reads the horizon in its own snapshot (one lookup of a one-row table, in the
+// same statement), and an idle stream checks it at each heartbeat. from=start
+// (every retained event) and from=end never reset at the start; from=start
+// opens at the horizon.
 func NewSSEHandler(db pg.DBTX, o SSEOptions) http.Handler {
 	if o.Poll <= 0 {
 		o.Poll = 100 * time.Millisecond
@@ -119,12 +167,15 @@ func (h *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		every = time.Duration(secs) * time.Second
 	}
 	ctx := r.Context()
-	cursor, err := Resolve(ctx, h.db, pos)
+	cursor, reset, err := h.start(ctx, pos)
 	if err != nil {
 		h.o.Log.Error().Err(err).Msg("event stream: cannot resolve the start position")
 		http.Error(w, "the event log cannot be read now", http.StatusServiceUnavailable)
 		return
 	}
+	// A stream from the start is at "every retained event" until its first read
+	// returns a row: it follows the horizon silently until then.
+	floating := pos.kind == posStart
 	rc := http.NewResponseController(w)
 	hdr := w.Header()
 	hdr.Set("Content-Type", "text/event-stream")
@@ -141,7 +192,12 @@ func (h *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return rc.Flush() == nil
 	}
-	fmt.Fprintf(bw, "retry: %d\nid: %s\n\n", h.o.Retry.Milliseconds(), cursor)
+	fmt.Fprintf(bw, "retry: %d\n", h.o.Retry.Milliseconds())
+	if reset != nil {
+		writeReset(bw, *reset)
+	} else {
+		fmt.Fprintf(bw, "id: %s\n\n", cursor)
+	}
 	if !write() {
 		return
 	}
@@ -155,6 +211,29 @@ func (h *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 			return
 		case <-heartbeat.C:
+			// An idle stream learns here that retention passed it.
+			through, err := PrunedThrough(ctx, h.db)
+			if err != nil {
+				h.warn(ctx, err, "event stream: cannot read the retention horizon; the client reconnects with its Last-Event-ID")
+				return
+			}
+			switch {
+			case !cursor.Less(through):
+			case floating:
+				cursor = through
+			default:
+				hz, err := ReadHorizon(ctx, h.db)
+				if err != nil {
+					h.warn(ctx, err, "event stream: cannot read the retention horizon; the client reconnects with its Last-Event-ID")
+					return
+				}
+				writeReset(bw, SSEReset{Reason: ResetPruned, LastEventID: cursor.String(), ResumeAfter: hz.Through.String(), Earliest: cursorText(hz.Earliest)})
+				cursor, sent = hz.Through, hz.Through
+				if !write() {
+					return
+				}
+				continue
+			}
 			if cursor != sent {
 				fmt.Fprintf(bw, ": heartbeat\nid: %s\n\n", cursor)
 				sent = cursor
@@ -167,26 +246,101 @@ func (h *sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			continue
 		case <-poll.C:
 		}
-		events, next, scanned, err := Read(ctx, h.db, ReadOptions{After: cursor, Limit: h.o.Batch, Topics: topics})
+		b, err := read(ctx, h.db, ReadOptions{After: cursor, Limit: h.o.Batch, Topics: topics}, true)
 		if err != nil {
-			if ctx.Err() == nil && !errors.Is(err, context.Canceled) {
-				h.o.Log.Warn().Err(err).Msg("event stream: read failed; the client reconnects with its Last-Event-ID")
-			}
+			h.warn(ctx, err, "event stream: read failed; the client reconnects with its Last-Event-ID")
 			return
 		}
-		cursor = next
+		events := b.events
+		if b.scanned > 0 && cursor.Less(b.horizon) && !floating {
+			// Retention deleted events after the cursor before this read: say
+			// so before anything that follows the gap.
+			writeReset(bw, SSEReset{Reason: ResetPruned, LastEventID: cursor.String(), ResumeAfter: b.horizon.String(), Earliest: b.first.String()})
+			sent = b.horizon
+			events = events[:0:0]
+			for _, e := range b.events {
+				if b.horizon.Less(e.ID) {
+					events = append(events, e)
+				}
+			}
+		}
+		if b.scanned > 0 {
+			floating = false
+		}
+		cursor = b.next
 		for _, e := range events {
 			data, _ := json.Marshal(SSEData{ID: e.ID.String(), Topic: e.Topic, Key: e.Key, Payload: e.Payload, CreatedAt: e.CreatedAt})
 			fmt.Fprintf(bw, "id: %s\ndata: %s\n\n", e.ID, data)
 			sent = e.ID
 		}
-		if len(events) > 0 && !write() {
+		if bw.Buffered() > 0 && !write() {
 			return
 		}
-		if scanned == h.o.Batch {
+		if b.scanned == h.o.Batch {
 			poll.Reset(0)
 		} else {
 			poll.Reset(h.o.Poll)
 		}
 	}
+}
+
+// start resolves where a stream starts. An explicit cursor behind the retention
+// horizon starts at the horizon, with the reset record to send first.
+//
+// It reads in a read-only transaction of its own because InTx's BEGIN retries
+// on a fresh connection when the pooled one turns out to be dead (after a server
+// restart, say): a stream that cannot start answers 503, which a browser
+// EventSource does not retry.
+func (h *sseHandler) start(ctx context.Context, pos Position) (Cursor, *SSEReset, error) {
+	var (
+		cursor Cursor
+		reset  *SSEReset
+	)
+	err := pg.InTx(ctx, h.db, &pg.TxOptions{ReadOnly: true}, func(tx pgx.Tx) error {
+		switch pos.kind {
+		case posStart:
+			// Every retained event: nothing at or before the horizon is stored.
+			c, err := PrunedThrough(ctx, tx)
+			cursor = c
+			return err
+		case posCursor:
+			hz, err := ReadHorizon(ctx, tx)
+			if err != nil {
+				return err
+			}
+			cursor = pos.cursor
+			if hz.Lost(pos.cursor) {
+				cursor = hz.Through
+				reset = &SSEReset{Reason: ResetPruned, LastEventID: pos.cursor.String(),
+					ResumeAfter: hz.Through.String(), Earliest: cursorText(hz.Earliest)}
+			}
+			return nil
+		}
+		c, err := Resolve(ctx, tx, pos)
+		cursor = c
+		return err
+	})
+	return cursor, reset, err
+}
+
+// warn logs a failed read, unless the client went away.
+func (h *sseHandler) warn(ctx context.Context, err error, msg string) {
+	if ctx.Err() == nil && !errors.Is(err, context.Canceled) {
+		h.o.Log.Warn().Err(err).Msg(msg)
+	}
+}
+
+// writeReset writes a reset record: its id is the horizon the stream resumes
+// after.
+func writeReset(bw *bufio.Writer, r SSEReset) {
+	data, _ := json.Marshal(r)
+	fmt.Fprintf(bw, "event: reset\nid: %s\ndata: %s\n\n", r.ResumeAfter, data)
+}
+
+// cursorText is c's text, or "" for the zero Cursor (no event).
+func cursorText(c Cursor) string {
+	if c.IsZero() {
+		return ""
+	}
+	return c.String()
 }

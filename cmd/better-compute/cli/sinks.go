@@ -35,7 +35,7 @@ func sinksCommand() *command {
 		usage:   sinksUsage,
 		flags: func(fs *flag.FlagSet, s *Session) {
 			c.fset = fs
-			fs.StringVar(&c.to, "to", "start", "reset: where the cursor goes: start (replay every retained event), end (skip to now), or TXID:SEQ (deliver what follows that event)")
+			fs.StringVar(&c.to, "to", "start", "reset: where the cursor goes: start (replay every retained event), end (skip to now), or TXID:SEQ (deliver what follows that event; refused when retention has deleted events after it)")
 			fs.BoolVar(&c.asJSON, "json", false, "list: print JSON instead of a table")
 		},
 		run: c.run,
@@ -127,6 +127,8 @@ func (c *sinksCmd) run(ctx context.Context, s *Session, args []string) error {
 		if err != nil {
 			return notMigrated(err)
 		}
+		// A TXID:SEQ whose later events retention deleted is refused with
+		// INVALID_ARGUMENT naming the horizon and what to reset to instead.
 		after, err := outbox.ResetSink(ctx, db, name, pos)
 		if err != nil {
 			return err

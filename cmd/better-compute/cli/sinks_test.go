@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -74,11 +75,21 @@ func TestSinksVerbs(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, s.LagRows)
 	require.False(t, s.Paused)
+	// end is the snapshot's xmin at the reset: cluster-wide, so a transaction of
+	// another test may hold it below this test's events, which then stay ahead.
+	xmin := func() uint64 {
+		var x uint64
+		require.NoError(t, db.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&x))
+		return x
+	}
+	lo := xmin()
 	code, _, _ = runSinks(t, app, db, "--to", "end", "reset", "billing")
 	require.Zero(t, code)
+	hi := xmin()
 	s, err = outbox.GetSink(ctx, db.Pool, "billing")
 	require.NoError(t, err)
-	require.Zero(t, s.LagRows)
+	require.Zero(t, s.Cursor.Seq)
+	require.True(t, lo <= s.Cursor.Txid && s.Cursor.Txid <= hi, "end is the snapshot's xmin at the reset: %d not in [%d, %d]", s.Cursor.Txid, lo, hi)
 	code, _, _ = runSinks(t, app, db, "reset", "billing")
 	require.Zero(t, code, "the default is start")
 	s, err = outbox.GetSink(ctx, db.Pool, "billing")
@@ -108,4 +119,60 @@ func TestSinksListWithoutSinks(t *testing.T) {
 	code, out, _ := runSinks(t, cli.App{}, db, "list")
 	require.Zero(t, code)
 	require.Contains(t, out, "no sinks")
+}
+
+// TestSinksResetRefusesAPrunedPosition: `sinks reset NAME --to TXID:SEQ` behind
+// the retention horizon exits 1 with one INVALID_ARGUMENT line that says what to
+// do, and leaves the cursor; the horizon itself is accepted.
+func TestSinksResetRefusesAPrunedPosition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	app := cli.App{Modules: []cli.Module{{Name: "billing", Register: func(r *workers.Registry) error {
+		return outboxw.RegisterSink(r, outboxw.Sink{Name: "billing", Handle: func(context.Context, []outboxw.Event) error { return nil }})
+	}}}}
+	for i := 0; i < 3; i++ {
+		require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+			return outbox.Append(ctx, tx, outbox.Message{Topic: "usage", Key: "k"})
+		}))
+	}
+	rows, err := db.Query(ctx, `SELECT txid::text || ':' || seq FROM compute_events ORDER BY txid, seq`)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, ids, 3)
+
+	// The sink moves past the second event and retention deletes the first two.
+	code, _, _ := runSinks(t, app, db, "reset", "billing", "--to", ids[1])
+	require.Zero(t, code)
+	var (
+		deleted  int
+		pruneErr error
+	)
+	require.Eventually(t, func() bool {
+		n, err := outbox.Prune(ctx, db.Pool, outbox.PruneOptions{})
+		deleted += n
+		pruneErr = err
+		return err != nil || deleted >= 2
+	}, 20*time.Second, 10*time.Millisecond, "retention deletes the two events the sink passed")
+	require.NoError(t, pruneErr)
+	require.Equal(t, 2, deleted)
+
+	code, out, errOut := runSinks(t, app, db, "reset", "billing", "--to", ids[0])
+	require.Equal(t, 1, code)
+	require.Empty(t, out)
+	lines := strings.Split(strings.TrimRight(errOut, "\n"), "\n")
+	require.Equal(t, "INVALID_ARGUMENT: sink billing cannot be reset to "+ids[0]+
+		": retention has deleted the events after it through "+ids[1]+" (the earliest available is "+ids[2]+
+		"); reset it to start (--to start) to deliver every retained event, or to "+ids[1]+" (--to "+ids[1]+
+		") to deliver what follows the deleted ones", lines[len(lines)-1])
+	s, err := outbox.GetSink(ctx, db.Pool, "billing")
+	require.NoError(t, err)
+	require.Equal(t, ids[1], s.Cursor.String(), "the cursor is unchanged")
+
+	code, out, _ = runSinks(t, app, db, "reset", "billing", "--to", ids[1])
+	require.Zero(t, code)
+	require.Contains(t, out, "sink billing reset to "+ids[1])
+	code, _, _ = runSinks(t, app, db, "reset", "billing", "--to", "start")
+	require.Zero(t, code, "start is never refused")
 }
