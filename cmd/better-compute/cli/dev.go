@@ -66,7 +66,7 @@ func devCommand() *command {
 				url = s.cluster.URL()
 			}
 			fmt.Fprintf(s.Env.Stdout, "better-compute dev: database ready at %s\n", pg.RedactURL(url))
-			fmt.Fprintf(s.Env.Stdout, "  psql %s\n  BETTER_COMPUTE_DATABASE_URL=%s better-compute doctor\nPress Ctrl-C to stop.\n", pg.RedactURL(url), pg.RedactURL(url))
+			fmt.Fprintf(s.Env.Stdout, "  psql %s\n  BETTER_COMPUTE_DATABASE_URL=%s better-compute doctor --demo\nPress Ctrl-C to stop.\n", pg.RedactURL(url), pg.RedactURL(url))
 			<-ctx.Done()
 			s.Log.Info().Msg("dev: stopping")
 			return nil

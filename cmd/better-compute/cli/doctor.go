@@ -42,16 +42,25 @@ func init() { commandSet = append(commandSet, doctorCommand) }
 
 func doctorCommand() *command {
 	var o DoctorOptions
+	var demo bool
 	return &command{
 		name:    "doctor",
 		summary: "check the database and this deployment: one line per check, OK or FAIL; exits non-zero on any FAIL",
 		flags: func(fs *flag.FlagSet, s *Session) {
 			fs.DurationVar(&o.MaxXactAge, "max-xact-age", MaxXactAgeDefault,
 				"a write transaction open longer than this, in any database of the server, holds the outbox back: FAIL")
+			fs.BoolVar(&demo, "demo", false, "check a database that dev runs: count the dev demo's modules as registered (their reconcilers, sinks, backfills)")
 		},
 		run: func(ctx context.Context, s *Session, args []string) error {
 			if o.MaxXactAge <= 0 {
 				return usageErr("doctor: --max-xact-age must be positive, got %s", o.MaxXactAge)
+			}
+			if demo {
+				for _, d := range demos {
+					if d.Module != nil {
+						s.extraModules = append(s.extraModules, d.Module())
+					}
+				}
 			}
 			checks := s.Doctor(ctx, o)
 			for _, c := range checks {
