@@ -15,11 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bettercompute/bettercompute/jobs"
-	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
@@ -117,15 +114,7 @@ func leasesOf(t *testing.T, db *pgtest.DB, p *proc) int {
 
 func change(t *testing.T, db *pgtest.DB, id string, qty int64) {
 	t.Helper()
-	ctx := context.Background()
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO example_items (id, qty) VALUES ($1, $2)
-			ON CONFLICT (id) DO UPDATE SET qty = EXCLUDED.qty, version = example_items.version + 1`, id, qty)
-		if err != nil {
-			return err
-		}
-		return jobs.Dirty(ctx, tx, "example_item", id, nil)
-	}))
+	require.NoError(t, exampleChange(db, id, qty))
 }
 
 // converged: nothing dirty, and every item reconciled at its latest version.

@@ -40,15 +40,7 @@ func requireAllOK(t *testing.T, r result) {
 // continuation (starts with white space).
 func requireErrLine(t *testing.T, r result, want string) {
 	t.Helper()
-	require.Equal(t, 1, r.code)
-	stderr := strings.TrimRight(r.stderr, "\n")
-	lines := strings.Split(stderr, "\n")
-	last := lines[len(lines)-1]
-	require.Regexp(t, `^[A-Z_]+: `, last)
-	require.Regexp(t, want, last)
-	for _, l := range lines {
-		require.NotRegexp(t, `^\s`, l, "no continuation lines on stderr")
-	}
+	require.Regexp(t, want, requireOneLineError(t, r, "", 1))
 	if out := strings.TrimSpace(r.stdout); out != "" {
 		for _, l := range strings.Split(out, "\n") {
 			require.Regexp(t, `^(OK  |FAIL) \S+\s+\S`, l, "one line per check")
