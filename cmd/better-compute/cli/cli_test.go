@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -218,10 +217,7 @@ func TestMigrateWithDevOnAnEmbeddedCluster(t *testing.T) {
 func TestErrorsNeverShowThePassword(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	require.NoError(t, l.Close())
+	port := refusedPort(t)
 	const secret = "Cli-s3cret-pw"
 	for _, u := range []string{
 		fmt.Sprintf("postgres://bob:%s@127.0.0.1:%d/db?connect_timeout=5", secret, port),

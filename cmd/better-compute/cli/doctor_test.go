@@ -3,7 +3,6 @@ package cli_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"regexp"
 	"strconv"
 	"strings"
@@ -223,10 +222,7 @@ func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
 func TestDoctorSaysWhatFailedToConnect(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	require.NoError(t, l.Close())
+	port := refusedPort(t)
 
 	r := run(t, ctx, cli.App{}, []string{fmt.Sprintf("BETTER_COMPUTE_DATABASE_URL=postgres://bob@127.0.0.1:%d/db?connect_timeout=5", port)}, "doctor")
 	require.Regexp(t, `^FAIL connect\s+\S`, r.stdout)

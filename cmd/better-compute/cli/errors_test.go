@@ -44,12 +44,9 @@ func requireOneLineError(t *testing.T, r result, code string, exit int) string {
 func TestEveryErrorIsOneLine(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
 	// localhost and the default sslmode make pgx try several times, and report each
 	// attempt on a line of its own.
-	refused := fmt.Sprintf("postgres://bob:pw@localhost:%d/db?connect_timeout=5", l.Addr().(*net.TCPAddr).Port)
-	require.NoError(t, l.Close())
+	refused := fmt.Sprintf("postgres://bob:pw@localhost:%d/db?connect_timeout=5", refusedPort(t))
 	const secret = "One-line-s3cret"
 	pwServer := pgtest.NewPasswordServer(t, "carol", secret)
 	db := pgtest.New(t)
@@ -94,4 +91,15 @@ func TestEveryErrorIsOneLine(t *testing.T) {
 			require.NotContains(t, r.stdout+r.stderr, secret)
 		})
 	}
+}
+
+// refusedPort is a local port nothing listens on (it was free a moment ago), so
+// a connection to it is refused.
+func refusedPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	return port
 }

@@ -36,14 +36,8 @@ func TestSinksVerbs(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	// An application module registers a sink; no worker has run yet.
-	app := cli.App{Modules: []cli.Module{{Name: "billing", Register: func(r *workers.Registry) error {
-		return outboxw.RegisterSink(r, outboxw.Sink{Name: "billing", Handle: func(context.Context, []outboxw.Event) error { return nil }})
-	}}}}
-	for i := 0; i < 3; i++ {
-		require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
-			return outbox.Append(ctx, tx, outbox.Message{Topic: "usage", Key: "k"})
-		}))
-	}
+	app := billingApp()
+	appendUsage(t, db, 3)
 	var firstID string
 	require.NoError(t, db.QueryRow(ctx, `SELECT txid::text || ':' || seq FROM compute_events ORDER BY txid, seq LIMIT 1`).Scan(&firstID))
 	first, err := outbox.ParseCursor(firstID)
@@ -128,14 +122,8 @@ func TestSinksResetRefusesAPrunedPosition(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	app := cli.App{Modules: []cli.Module{{Name: "billing", Register: func(r *workers.Registry) error {
-		return outboxw.RegisterSink(r, outboxw.Sink{Name: "billing", Handle: func(context.Context, []outboxw.Event) error { return nil }})
-	}}}}
-	for i := 0; i < 3; i++ {
-		require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
-			return outbox.Append(ctx, tx, outbox.Message{Topic: "usage", Key: "k"})
-		}))
-	}
+	app := billingApp()
+	appendUsage(t, db, 3)
 	rows, err := db.Query(ctx, `SELECT txid::text || ':' || seq FROM compute_events ORDER BY txid, seq`)
 	require.NoError(t, err)
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
@@ -175,4 +163,22 @@ func TestSinksResetRefusesAPrunedPosition(t *testing.T) {
 	require.Contains(t, out, "sink billing reset to "+ids[1])
 	code, _, _ = runSinks(t, app, db, "reset", "billing", "--to", "start")
 	require.Zero(t, code, "start is never refused")
+}
+
+// billingApp is an application whose module registers the sink billing.
+func billingApp() cli.App {
+	return cli.App{Modules: []cli.Module{{Name: "billing", Register: func(r *workers.Registry) error {
+		return outboxw.RegisterSink(r, outboxw.Sink{Name: "billing", Handle: func(context.Context, []outboxw.Event) error { return nil }})
+	}}}}
+}
+
+// appendUsage appends n events of topic usage, one transaction each.
+func appendUsage(t *testing.T, db *pgtest.DB, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for range n {
+		require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+			return outbox.Append(ctx, tx, outbox.Message{Topic: "usage", Key: "k"})
+		}))
+	}
 }
