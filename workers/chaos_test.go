@@ -59,9 +59,6 @@ func (r chaosReport) String() string {
 		r.Rounds, r.Takeovers, r.StaleCommits, r.Overlaps, r.Strays, r.HandedBack, r.Swept, r.Converged.Round(time.Millisecond), r.Changes)
 }
 
-// pidOwner matches the lease owner of process pid (host-pid-random).
-func pidOwner(pid int) string { return "%-" + strconv.Itoa(pid) + "-%" }
-
 // runChaos runs the scenario with procs worker processes connecting through url
 // (the database's own, or a pooler's) for the given rounds, and checks the
 // guarantees. It returns what it measured.
@@ -119,7 +116,7 @@ func runChaos(t *testing.T, db *pgtest.DB, url string, procs, rounds int) chaosR
 		require.NoError(t, victim.cmd.Process.Signal(syscall.SIGSTOP))
 		// Every lease it held is taken by another process (not merely expired).
 		workertest.WaitFor(t, 60*time.Second, fmt.Sprintf("round %d: the paused process's shards are taken over", r), func() bool {
-			return db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE name LIKE 'shard/%' AND owner LIKE $1`, pidOwner(victim.pid)) == 0
+			return db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE name LIKE 'shard/%' AND owner = $1`, ownerOf(t, db, victim)) == 0
 		})
 		pauses = append(pauses, pause{pid: victim.pid, taken: dbNow(t, db)})
 		require.NoError(t, victim.cmd.Process.Signal(syscall.SIGCONT))

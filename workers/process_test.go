@@ -53,9 +53,22 @@ func exampleApp(t *testing.T) string {
 }
 
 type proc struct {
-	cmd *exec.Cmd
-	log string
-	pid int
+	cmd   *exec.Cmd
+	log   string
+	pid   int
+	owner string        // its lease owner, IDENTITY#N, once it has claimed one
+	done  chan struct{} // closed when it has exited (cmd.ProcessState is set)
+}
+
+// ownerOf is p's lease owner, read from compute_workers by its pid ("" until it
+// has claimed its identity).
+func ownerOf(t *testing.T, db *pgtest.DB, p *proc) string {
+	t.Helper()
+	if p.owner == "" {
+		require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT coalesce(max(identity || '#' || incarnation), '')
+			FROM compute_workers WHERE pid = $1`, p.pid).Scan(&p.owner))
+	}
+	return p.owner
 }
 
 // appDB is a fresh database migrated by the example application itself.
@@ -88,8 +101,8 @@ func startWorker(t *testing.T, db *pgtest.DB, env ...string) *proc {
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	require.NoError(t, cmd.Start())
-	p := &proc{cmd: cmd, log: logPath, pid: cmd.Process.Pid}
-	go func() { _ = cmd.Wait(); f.Close() }()
+	p := &proc{cmd: cmd, log: logPath, pid: cmd.Process.Pid, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGCONT)
 		_ = cmd.Process.Kill()
@@ -109,7 +122,7 @@ func startWorker(t *testing.T, db *pgtest.DB, env ...string) *proc {
 func leasesOf(t *testing.T, db *pgtest.DB, p *proc) int {
 	t.Helper()
 	return db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE name LIKE 'shard/%'
-		AND owner LIKE '%-' || $1 || '-%' AND expires_at > compute_now()`, strconv.Itoa(p.pid))
+		AND owner = $1 AND expires_at > compute_now()`, ownerOf(t, db, p))
 }
 
 func change(t *testing.T, db *pgtest.DB, id string, qty int64) {

@@ -32,8 +32,13 @@ type Options struct {
 	Pool     *pg.Pool
 	Log      zerolog.Logger
 	Registry *Registry // nil: only the built-in workers
-	// Owner is this process's unique lease owner id; default host-pid-random.
-	Owner string
+	// Identity is this worker's stable identity (see lease.Claim): a restart
+	// with the same identity takes its predecessor's leases over at once. ""
+	// picks HOST/SLOT, the lowest slot on this host no running process holds.
+	Identity string
+	// Heartbeat is how often the incarnation records it is alive; default
+	// lease.HeartbeatEvery.
+	Heartbeat time.Duration
 	// Shards to serve. Empty: the process works only the maintenance queue.
 	Shards []int
 	// Work false makes an insert-only client (serve uses one for River UI).
@@ -63,6 +68,8 @@ type Runtime struct {
 	log        zerolog.Logger
 	client     *river.Client[pgx.Tx]
 	keeper     *lease.Keeper
+	inc        *lease.Incarnation // nil for an insert-only client
+	owner      string
 	anchor     *clock.Anchor
 	shardCount int
 	metrics    *Metrics
@@ -78,6 +85,10 @@ type Runtime struct {
 	opsDone   chan struct{}
 	active    map[string]bool // queues added to River
 	stopping  bool
+
+	done     chan struct{} // closed when the runtime must stop by itself
+	doneErr  error
+	doneOnce sync.Once
 }
 
 type queueOp struct {
@@ -97,8 +108,8 @@ func shardOfQueue(queue string) (int, bool) {
 	return n, err == nil
 }
 
-// DefaultOwner is a unique owner id for this process: host-pid-random.
-func DefaultOwner() string {
+// insertOnlyID is the River client id of an insert-only runtime: host-pid-random.
+func insertOnlyID() string {
 	host, _ := os.Hostname()
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
@@ -113,9 +124,6 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 	}
 	if o.Registry == nil {
 		o.Registry = NewRegistry()
-	}
-	if o.Owner == "" {
-		o.Owner = DefaultOwner()
 	}
 	o.LeaseTTL = cmpOr(o.LeaseTTL, 15*time.Second)
 	o.LeaseRenew = cmpOr(o.LeaseRenew, 5*time.Second)
@@ -144,6 +152,8 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 		active:   map[string]bool{},
 		queueOps: make(chan queueOp, 4*len(o.Shards)+16),
 		opsDone:  make(chan struct{}),
+		done:     make(chan struct{}),
+		owner:    insertOnlyID(),
 	}
 	if rt.metrics == nil {
 		rt.metrics = &Metrics{}
@@ -153,9 +163,18 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 	} else if err != nil {
 		rt.log.Error().Err(err).Msg("clock skew at start")
 	}
+	names := make([]string, len(o.Shards))
+	for i, s := range o.Shards {
+		names[i] = ShardLease(s)
+	}
+	if o.Work {
+		if err := rt.claim(ctx, names); err != nil {
+			return nil, err
+		}
+	}
 
 	cfg := &river.Config{
-		ID:                o.Owner,
+		ID:                rt.owner,
 		Logger:            logging.Slog(o.Log.With().Str("component", "river").Logger()),
 		PollOnly:          true, // no LISTEN/NOTIFY: PgBouncer in transaction mode
 		FetchPollInterval: o.PollInterval,
@@ -184,9 +203,12 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 		return nil, fault.Wrap(fault.Unavailable, err, "cannot start River")
 	}
 	go rt.queueLoop()
+	go rt.inc.Run(rt.runCtx, rt.halt, func(err error) {
+		rt.log.Debug().Err(err).Msg("heartbeat failed; retrying")
+	})
 
 	rt.keeper = lease.NewKeeper(lease.KeeperOptions{
-		DB: o.Pool, Owner: o.Owner, TTL: o.LeaseTTL, Renew: o.LeaseRenew, Anchor: rt.anchor,
+		DB: o.Pool, Owner: rt.owner, TTL: o.LeaseTTL, Renew: o.LeaseRenew, Anchor: rt.anchor,
 		Log: o.Log.With().Str("component", "lease").Logger(),
 		Taken: func(ctx context.Context, tx pgx.Tx, l lease.Lease) error {
 			return rt.handBack(ctx, tx, "at its takeover", l)
@@ -199,10 +221,6 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 		OnAcquired: func(l lease.Lease) { rt.leaseChanged(l, true) },
 		OnLost:     func(l lease.Lease) { rt.leaseChanged(l, false) },
 	})
-	names := make([]string, len(o.Shards))
-	for i, s := range o.Shards {
-		names[i] = ShardLease(s)
-	}
 	rt.keeper.Want(names...)
 	rt.keeperWG.Add(1)
 	go func() { defer rt.keeperWG.Done(); rt.keeper.Run(rt.runCtx) }()
@@ -213,7 +231,7 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 			return nil, err
 		}
 	}
-	rt.log.Info().Str("owner", o.Owner).Ints("shards", o.Shards).Int("shard_count", count).Msg("worker started")
+	rt.log.Info().Str("owner", rt.owner).Str("identity", rt.inc.Identity).Int64("incarnation", rt.inc.Number).Ints("shards", o.Shards).Int("shard_count", count).Msg("worker started")
 	return rt, nil
 }
 
@@ -230,8 +248,32 @@ func (rt *Runtime) Client() *river.Client[pgx.Tx] { return rt.client }
 // Pool is the runtime's pool.
 func (rt *Runtime) Pool() *pg.Pool { return rt.pool }
 
-// Owner is this process's lease owner id.
-func (rt *Runtime) Owner() string { return rt.o.Owner }
+// Owner is this process's lease owner id: its identity and incarnation,
+// "IDENTITY#N" (River's client id and the jobs' attempted_by name it too).
+func (rt *Runtime) Owner() string { return rt.owner }
+
+// Identity is this worker's identity ("" for an insert-only client).
+func (rt *Runtime) Identity() string {
+	if rt.inc == nil {
+		return ""
+	}
+	return rt.inc.Identity
+}
+
+// Done is closed when the runtime must stop by itself: a later incarnation of
+// its identity took over (two live processes were given one identity). Err says
+// why; call Stop.
+func (rt *Runtime) Done() <-chan struct{} { return rt.done }
+
+// Err is why Done was closed (CONFLICT), or nil.
+func (rt *Runtime) Err() error {
+	select {
+	case <-rt.done:
+		return rt.doneErr
+	default:
+		return nil
+	}
+}
 
 // ShardCount is the deployment's shard count.
 func (rt *Runtime) ShardCount() int { return rt.shardCount }
@@ -328,7 +370,7 @@ func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, when string, ls ...
 	if len(names) == 0 {
 		return nil
 	}
-	rows, err := db.Query(ctx, handBackSQL, names, epochs, queues, rt.o.Owner, time.Now(), when)
+	rows, err := db.Query(ctx, handBackSQL, names, epochs, queues, rt.owner, time.Now(), when)
 	if err != nil {
 		return fmt.Errorf("error handing back the running jobs of shards %v: %w", queues, err)
 	}
@@ -461,8 +503,12 @@ func (rt *Runtime) Stop(ctx context.Context) error {
 	if !rt.o.Work {
 		return nil
 	}
-	rt.log.Info().Dur("grace", rt.o.StopGrace).Msg("worker stopping: finishing in-flight jobs")
-	graceCtx, cancel := context.WithTimeout(ctx, rt.o.StopGrace)
+	grace := rt.o.StopGrace
+	if rt.Err() != nil {
+		grace = 0 // taken over: nothing this process does now can commit
+	}
+	rt.log.Info().Dur("grace", grace).Msg("worker stopping: finishing in-flight jobs")
+	graceCtx, cancel := context.WithTimeout(ctx, grace)
 	err := rt.client.Stop(graceCtx)
 	cancel()
 	if err != nil {
@@ -482,7 +528,7 @@ func (rt *Runtime) Stop(ctx context.Context) error {
 		}
 		relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		_, herr := rt.pool.Exec(relCtx, `UPDATE river_job SET state = 'available'
-WHERE queue = ANY($1) AND state = 'running' AND attempted_by[array_length(attempted_by, 1)] = $2`, queues, rt.o.Owner)
+WHERE queue = ANY($1) AND state = 'running' AND attempted_by[array_length(attempted_by, 1)] = $2`, queues, rt.owner)
 		if herr != nil {
 			rt.log.Warn().Err(herr).Msg("could not hand back in-flight jobs; the next shard holder will")
 		}
@@ -494,6 +540,9 @@ WHERE queue = ANY($1) AND state = 'running' AND attempted_by[array_length(attemp
 	defer cancel()
 	if err := rt.keeper.Release(relCtx); err != nil {
 		rt.log.Warn().Err(err).Msg("could not release leases; they expire within one TTL")
+	}
+	if err := rt.inc.Retire(relCtx); err != nil {
+		rt.log.Warn().Err(err).Msg("could not record the graceful stop; the next start with this identity watches for a heartbeat first")
 	}
 	rt.metrics.leases(0)
 	rt.log.Info().Msg("worker stopped")

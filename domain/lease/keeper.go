@@ -275,7 +275,9 @@ func (k *Keeper) tick(ctx context.Context) {
 		}
 	}
 	for _, l := range others {
-		k.retry[l.Name] = l.ExpiresAt
+		if l.Owner != "" { // held by another: try again at its expiry
+			k.retry[l.Name] = l.ExpiresAt
+		}
 	}
 	k.mu.Unlock()
 	for _, l := range lost {

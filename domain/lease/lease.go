@@ -25,15 +25,26 @@ type Lease struct {
 // For each name it returns the holding after the statement: ours when acquired,
 // otherwise the current holder's (read before the statement), so a caller can wait
 // for its expiry.
+//
+// An owner "<identity>#<n>" ($4, $5) is a worker incarnation: it acts only while
+// compute_workers names no other incarnation of its identity (a superseded
+// process takes and renews nothing), and it takes a name an earlier incarnation
+// of its identity holds at once, unexpired or not: that process is gone (Claim).
+// A name with no row that the caller did not take comes back with no owner.
 const acquireSQL = `
-WITH names AS (
+WITH me AS (
+    SELECT NOT EXISTS (SELECT 1 FROM compute_workers w
+           WHERE w.identity = $4 AND w.incarnation <> $5) AS current
+), names AS (
     SELECT DISTINCT unnest($1::text[]) AS name
 ), want AS (
     -- A name another owner holds unexpired is not touched: the upsert would lock
     -- its row and stall the holder's fenced transactions for nothing.
-    SELECT n.name FROM names n
-    WHERE NOT EXISTS (SELECT 1 FROM compute_leases c
-                      WHERE c.name = n.name AND c.owner <> $2 AND c.expires_at >= compute_now())
+    SELECT n.name FROM names n, me
+    WHERE me.current
+      AND NOT EXISTS (SELECT 1 FROM compute_leases c
+                      WHERE c.name = n.name AND c.owner <> $2 AND c.expires_at >= compute_now()
+                        AND NOT coalesce(starts_with(c.owner, $4 || '#'), false))
 ), took AS (
     INSERT INTO compute_leases AS l (name, owner, epoch, expires_at, acquired_at)
     SELECT name, $2, 1, compute_now() + make_interval(secs => $3), compute_now() FROM want
@@ -43,12 +54,13 @@ WITH names AS (
            expires_at = EXCLUDED.expires_at,
            acquired_at = CASE WHEN l.owner = EXCLUDED.owner THEN l.acquired_at ELSE EXCLUDED.acquired_at END
      WHERE l.owner = EXCLUDED.owner OR l.expires_at < compute_now()
+        OR coalesce(starts_with(l.owner, $4 || '#'), false)
     RETURNING l.name, l.owner, l.epoch, l.expires_at
 )
 SELECT n.name,
        coalesce(t.owner, c.owner, '') AS owner,
        coalesce(t.epoch, c.epoch, 0) AS epoch,
-       coalesce(t.expires_at, c.expires_at, '-infinity') AS expires_at
+       coalesce(t.expires_at, c.expires_at, 'epoch') AS expires_at
 FROM names n
 LEFT JOIN took t ON t.name = n.name
 LEFT JOIN compute_leases c ON c.name = n.name AND t.name IS NULL`
@@ -64,7 +76,8 @@ func AcquireMany(ctx context.Context, db pg.DBTX, names []string, owner string, 
 	if ttl <= 0 {
 		return nil, fault.New(fault.InvalidArgument, "lease ttl %s is not positive", ttl)
 	}
-	rows, err := db.Query(ctx, acquireSQL, names, owner, ttl.Seconds())
+	identity, incarnation := ownerArgs(owner)
+	rows, err := db.Query(ctx, acquireSQL, names, owner, ttl.Seconds(), identity, incarnation)
 	if err != nil {
 		return nil, pg.Translate(fmt.Errorf("error acquiring leases: %w", err))
 	}
@@ -86,6 +99,9 @@ func Acquire(ctx context.Context, db pg.DBTX, name, owner string, ttl time.Durat
 		var cur Lease
 		if len(ls) == 1 {
 			cur = ls[0]
+		}
+		if cur.Owner == "" {
+			return cur, fault.New(fault.Conflict, "lease %s not taken: %s is not its worker identity's current incarnation", name, owner)
 		}
 		return cur, fault.New(fault.Conflict, "lease %s is held by %s until %s", name, cur.Owner, cur.ExpiresAt.Format(time.RFC3339Nano))
 	}
@@ -151,8 +167,9 @@ WHERE name = $1 AND owner = $2 AND epoch = $3 AND expires_at > compute_now()
 FOR KEY SHARE`
 
 // Renew extends the holdings in ls by ttl and returns those still held (same
-// owner and epoch, unexpired or not yet taken). It changes only expires_at, so it
-// never waits for the holder's own fenced transactions.
+// owner and epoch, unexpired or not yet taken; for a worker incarnation, while it
+// is still its identity's current one). It changes only expires_at, so it never
+// waits for the holder's own fenced transactions.
 func Renew(ctx context.Context, db pg.DBTX, ttl time.Duration, ls ...Lease) ([]Lease, error) {
 	if len(ls) == 0 {
 		return nil, nil
@@ -162,11 +179,13 @@ func Renew(ctx context.Context, db pg.DBTX, ttl time.Duration, ls ...Lease) ([]L
 	for i, l := range ls {
 		names[i], epochs[i] = l.Name, l.Epoch
 	}
+	identity, incarnation := ownerArgs(ls[0].Owner)
 	rows, err := db.Query(ctx, `
 UPDATE compute_leases l SET expires_at = compute_now() + make_interval(secs => $3)
 FROM unnest($1::text[], $2::bigint[]) AS r(name, epoch)
 WHERE l.name = r.name AND l.epoch = r.epoch AND l.owner = $4
-RETURNING l.name, l.owner, l.epoch, l.expires_at`, names, epochs, ttl.Seconds(), ls[0].Owner)
+  AND NOT EXISTS (SELECT 1 FROM compute_workers w WHERE w.identity = $5 AND w.incarnation <> $6)
+RETURNING l.name, l.owner, l.epoch, l.expires_at`, names, epochs, ttl.Seconds(), ls[0].Owner, identity, incarnation)
 	if err != nil {
 		return nil, pg.Translate(fmt.Errorf("error renewing leases: %w", err))
 	}

@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -39,6 +40,7 @@ type Config struct {
 
 	ShardCount         int           `env:"SHARD_COUNT" envDefault:"16" help:"number of shards, fixed when the database is first migrated"`
 	Shards             string        `env:"SHARDS" envDefault:"all" help:"worker: shards to serve: all, a range 0-7, a list 1,3,5, or a mix 0-3,8"`
+	WorkerID           string        `env:"WORKER_ID" help:"worker: this worker's stable identity; a restart with the same identity takes its shards back at once (default: HOST/SLOT, the lowest slot on this host no running worker holds)"`
 	MetricsListen      string        `env:"METRICS_LISTEN" help:"worker: address for /metrics and /healthz (default: off)"`
 	LeaseTTL           time.Duration `env:"LEASE_TTL" envDefault:"15s" help:"shard and sink lease lifetime"`
 	LeaseRenew         time.Duration `env:"LEASE_RENEW" envDefault:"5s" help:"lease renewal interval (less than a third of LEASE_TTL)"`
@@ -53,6 +55,9 @@ type Config struct {
 	AuthPassword string `env:"AUTH_PASSWORD" help:"serve: basic-auth password" secret:"true"`
 	ReadOnly     bool   `env:"READ_ONLY" envDefault:"false" help:"serve: refuse every state-changing request to River UI"`
 }
+
+// workerIDRe is lease.ValidIdentity's pattern (config does not import domain).
+var workerIDRe = regexp.MustCompile(`^[A-Za-z0-9._:@/-]{1,200}$`)
 
 // Load reads the environment into a Config with defaults applied. environ is a
 // list of KEY=VALUE (os.Environ()).
@@ -103,6 +108,8 @@ func (c *Config) Validate() error {
 		return bad("WORKERS_PER_SHARD", "%d is out of range (1 to 10000)", c.WorkersPerShard)
 	case c.MaintenanceWorkers < 1 || c.MaintenanceWorkers > 10000:
 		return bad("MAINTENANCE_WORKERS", "%d is out of range (1 to 10000)", c.MaintenanceWorkers)
+	case c.WorkerID != "" && !workerIDRe.MatchString(c.WorkerID):
+		return bad("WORKER_ID", "%q: want 1 to 200 letters, digits and . _ : @ / -", c.WorkerID)
 	case c.PollInterval < time.Millisecond:
 		return bad("POLL_INTERVAL", "%s is too short (at least 1ms)", c.PollInterval)
 	case c.AuthPassword != "" && c.AuthUser == "" || c.AuthUser != "" && c.AuthPassword == "":

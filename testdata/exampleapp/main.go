@@ -3,7 +3,9 @@
 // gets the whole binary. Tests build it and run it as worker processes.
 //
 // The application side of the example is Change: it changes an item and marks it
-// dirty in one transaction. The reconciler copies qty to reconciled_qty.
+// dirty in one transaction. The reconciler copies qty to reconciled_qty. A task
+// (InsertTask) is a fenced job of the application's own: its one write is
+// recorded in example_task_runs, so tests can count how often it ran.
 package main
 
 import (
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/jobs"
@@ -36,6 +39,7 @@ func Module() cli.Module {
 		Name:       "example",
 		Migrations: sub,
 		Register: func(r *workers.Registry) error {
+			workers.AddWorker(r, &taskWorker{})
 			return r.Reconciler(workers.Reconciler{
 				Kind:      "example_item",
 				Reconcile: reconcile,
@@ -90,4 +94,33 @@ func Change(ctx context.Context, db *pg.Pool, id string, qty int64) error {
 		}
 		return jobs.Dirty(ctx, tx, "example_item", id, nil)
 	})
+}
+
+// Task is the example's own fenced job: it records its run in its shard's
+// fenced transaction.
+type Task struct {
+	ID string `json:"id"`
+}
+
+// Kind is the task's River kind.
+func (Task) Kind() string { return "example_task" }
+
+type taskWorker struct{ river.WorkerDefaults[Task] }
+
+func (w *taskWorker) Work(ctx context.Context, job *river.Job[Task]) error {
+	return workers.InTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO example_task_runs (task_id, job_id, worker) VALUES ($1, $2, $3)`,
+			job.Args.ID, job.ID, strconv.Itoa(os.Getpid()))
+		return err
+	})
+}
+
+// InsertTask enqueues task id in the shard queue its id picks, in tx.
+func InsertTask(ctx context.Context, tx pgx.Tx, id string) error {
+	queue, err := jobs.ShardQueueOfTx(ctx, tx, id)
+	if err != nil {
+		return err
+	}
+	_, err = jobs.InsertTx(ctx, tx, Task{ID: id}, &river.InsertOpts{Queue: queue})
+	return err
 }

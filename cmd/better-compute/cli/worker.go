@@ -34,8 +34,14 @@ func workerCommand() *command {
 			if err != nil {
 				return err
 			}
-			<-ctx.Done()
-			return rt.Stop(context.Background())
+			select {
+			case <-ctx.Done():
+			case <-rt.Done(): // another process took over this identity
+			}
+			if err := rt.Stop(context.Background()); err != nil {
+				return err
+			}
+			return rt.Err()
 		},
 	}
 }
@@ -122,7 +128,7 @@ func (s *Session) StartWorker(ctx context.Context) (*workers.Runtime, error) {
 	promReg := prometheus.NewRegistry()
 	metrics := workers.NewMetrics(promReg)
 	rt, err := workers.Start(ctx, workers.Options{
-		Pool: db, Log: s.Log, Registry: reg, Shards: shards, Work: true,
+		Pool: db, Log: s.Log, Registry: reg, Shards: shards, Work: true, Identity: s.Config.WorkerID,
 		LeaseTTL: s.Config.LeaseTTL, LeaseRenew: s.Config.LeaseRenew, StopGrace: s.Config.StopGrace,
 		PollInterval: s.Config.PollInterval, ResyncEvery: s.Config.ResyncEvery,
 		WorkersPerShard: s.Config.WorkersPerShard, MaintenanceWorkers: s.Config.MaintenanceWorkers,

@@ -1,0 +1,361 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
+)
+
+// HeartbeatEvery is how often a live incarnation records, in compute_workers,
+// that it is alive.
+const HeartbeatEvery = time.Second
+
+// silentAfter is how long an incarnation may miss its heartbeat before the next
+// incarnation of its identity takes it for dead without further proof.
+func silentAfter(hb time.Duration) time.Duration { return 3 * hb }
+
+var identityRe = regexp.MustCompile(`^[A-Za-z0-9._:@/-]{1,200}$`)
+
+// ValidIdentity returns INVALID_CONFIG unless identity is 1 to 200 letters,
+// digits and . _ : @ / - (no #: it separates the incarnation in a lease owner).
+func ValidIdentity(identity string) error {
+	if !identityRe.MatchString(identity) {
+		return fault.New(fault.InvalidConfig, "worker identity %q: want 1 to 200 letters, digits and . _ : @ / -", identity)
+	}
+	return nil
+}
+
+// ClaimOptions configure Claim.
+type ClaimOptions struct {
+	// Identity is the worker identity. "" picks HOST/SLOT: the host name and the
+	// lowest slot (0, 1, …) that no running process on this host holds, so a
+	// process restarted on its host takes back the slot its predecessor held.
+	Identity string
+	// Host is this host's name; default os.Hostname().
+	Host string
+	// Heartbeat is the interval Run beats at; default HeartbeatEvery.
+	Heartbeat time.Duration
+}
+
+// Incarnation is one start of a worker identity. Its leases are owned by
+// Owner(), "<identity>#<number>".
+type Incarnation struct {
+	Identity string
+	Number   int64
+	// Took describes the incarnation this one replaced and why it was taken for
+	// gone; nil for a new identity.
+	Took *Predecessor
+
+	db pg.DBTX
+	hb time.Duration
+}
+
+// Predecessor is the incarnation a Claim replaced.
+type Predecessor struct {
+	Number int64
+	Host   string
+	PID    int
+	Reason string // why it was taken for gone: "it stopped gracefully", …
+}
+
+// Owner is the lease owner of this incarnation.
+func (i *Incarnation) Owner() string { return i.Identity + "#" + strconv.FormatInt(i.Number, 10) }
+
+// OwnerIdentity splits a lease owner "<identity>#<n>" into its identity and
+// incarnation; ok is false for an owner of another form.
+func OwnerIdentity(owner string) (identity string, incarnation int64, ok bool) {
+	at := strings.LastIndexByte(owner, '#')
+	if at <= 0 {
+		return "", 0, false
+	}
+	n, err := strconv.ParseInt(owner[at+1:], 10, 64)
+	if err != nil || n <= 0 {
+		return "", 0, false
+	}
+	return owner[:at], n, true
+}
+
+// ownerArgs are the $identity, $incarnation arguments of the lease statements:
+// NULL for an owner that is not a worker incarnation.
+func ownerArgs(owner string) (any, int64) {
+	id, n, ok := OwnerIdentity(owner)
+	if !ok {
+		return nil, 0
+	}
+	return id, n
+}
+
+// procID names one process on one host.
+type procID struct {
+	pid    int
+	bootID string
+	start  int64
+}
+
+type workerRow struct {
+	incarnation int64
+	host        string
+	proc        procID
+	stopped     bool
+	silent      time.Duration // since the last heartbeat, by the database clock
+	seenAt      time.Time
+}
+
+const readWorkerSQL = `SELECT incarnation, host, pid, boot_id, proc_start, stopped_at IS NOT NULL,
+       extract(epoch FROM compute_now() - seen_at)::float8, seen_at
+FROM compute_workers WHERE identity = $1`
+
+func readWorker(ctx context.Context, db pg.DBTX, identity string) (workerRow, bool, error) {
+	var r workerRow
+	var silent float64
+	err := db.QueryRow(ctx, readWorkerSQL, identity).Scan(&r.incarnation, &r.host, &r.proc.pid, &r.proc.bootID,
+		&r.proc.start, &r.stopped, &silent, &r.seenAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, false, nil
+	}
+	if err != nil {
+		return r, false, pg.Translate(fmt.Errorf("error reading worker identity %s: %w", identity, err))
+	}
+	r.silent = time.Duration(silent * float64(time.Second))
+	return r, true, nil
+}
+
+// Claim starts a new incarnation of a worker identity. The incarnation it
+// replaces must be gone: stopped gracefully, its process exited (checked on this
+// host by pid, boot id and start time), or silent for three heartbeats; when none
+// of these can be told at once (another host), Claim watches the heartbeat for
+// two and a half intervals. A live one makes Claim return CONFLICT: two live
+// processes with one identity would take each other's leases. With no Identity
+// configured, a live process on a slot makes Claim try the next slot instead.
+//
+// The new incarnation's leases (Owner) take over those of the earlier ones at
+// once with a new epoch (AcquireMany), so the earlier processes are fenced as
+// after any takeover; call Run to keep the heartbeat.
+func Claim(ctx context.Context, db pg.DBTX, o ClaimOptions) (*Incarnation, error) {
+	if o.Host == "" {
+		o.Host, _ = os.Hostname()
+		if o.Host == "" {
+			o.Host = "localhost"
+		}
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = HeartbeatEvery
+	}
+	if o.Identity != "" {
+		if err := ValidIdentity(o.Identity); err != nil {
+			return nil, err
+		}
+		inc, err := claimOne(ctx, db, o, o.Identity, false)
+		if err != nil {
+			return nil, err
+		}
+		return inc, nil
+	}
+	host := strings.Map(func(r rune) rune {
+		if identityRe.MatchString(string(r)) {
+			return r
+		}
+		return '-'
+	}, o.Host)
+	for slot := 0; slot < 1000; slot++ {
+		inc, err := claimOne(ctx, db, o, fmt.Sprintf("%s/%d", host, slot), true)
+		if fault.Has(err, fault.Conflict) {
+			continue
+		}
+		return inc, err
+	}
+	return nil, fault.New(fault.Unavailable, "every worker slot 0-999 of host %s is held by a running process", host)
+}
+
+type verdict int
+
+const (
+	gone verdict = iota
+	live
+	unknown
+)
+
+// judge tells whether the incarnation in r is gone, live, or cannot be told yet.
+func judge(r workerRow, host string, auto bool, hb time.Duration) (verdict, string) {
+	if r.stopped {
+		return gone, "it stopped gracefully"
+	}
+	silent := r.silent.Round(time.Millisecond)
+	if r.host == host {
+		if alive, ok := r.proc.running(); ok {
+			switch {
+			case !alive:
+				return gone, fmt.Sprintf("its process %d on this host has exited", r.proc.pid)
+			case auto:
+				return live, fmt.Sprintf("its process %d on this host is running", r.proc.pid)
+			case r.silent >= silentAfter(hb):
+				return gone, fmt.Sprintf("its process %d on this host runs but has not beaten for %s (paused?): it stops when it resumes", r.proc.pid, silent)
+			default:
+				return live, fmt.Sprintf("its process %d on this host is running (last heartbeat %s ago)", r.proc.pid, silent)
+			}
+		}
+	}
+	if r.silent >= silentAfter(hb) {
+		return gone, fmt.Sprintf("no heartbeat for %s", silent)
+	}
+	return unknown, ""
+}
+
+func claimOne(ctx context.Context, db pg.DBTX, o ClaimOptions, identity string, auto bool) (*Incarnation, error) {
+	me := thisProcess()
+	for {
+		var n int64
+		err := db.QueryRow(ctx, `INSERT INTO compute_workers (identity, incarnation, host, pid, boot_id, proc_start)
+VALUES ($1, 1, $2, $3, $4, $5) ON CONFLICT (identity) DO NOTHING RETURNING incarnation`,
+			identity, o.Host, me.pid, me.bootID, me.start).Scan(&n)
+		if err == nil {
+			return &Incarnation{Identity: identity, Number: n, db: db, hb: o.Heartbeat}, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return nil, pg.Translate(fmt.Errorf("error claiming worker identity %s: %w", identity, err))
+		}
+		r, found, err := readWorker(ctx, db, identity)
+		if err != nil {
+			return nil, err
+		}
+		if !found {
+			continue // deleted meanwhile: insert again
+		}
+		v, why := judge(r, o.Host, auto, o.Heartbeat)
+		if v == unknown {
+			if v, why, err = watch(ctx, db, identity, r, o.Heartbeat); err != nil {
+				return nil, err
+			}
+		}
+		if v == live {
+			return nil, fault.New(fault.Conflict,
+				"worker identity %s is in use by a live process (incarnation %d on host %s, pid %d): %s; two live processes with one identity would take each other's leases, so give each worker its own identity",
+				identity, r.incarnation, r.host, r.proc.pid, why)
+		}
+		err = db.QueryRow(ctx, `UPDATE compute_workers
+SET incarnation = incarnation + 1, host = $3, pid = $4, boot_id = $5, proc_start = $6,
+    started_at = compute_now(), seen_at = compute_now(), stopped_at = NULL
+WHERE identity = $1 AND incarnation = $2 RETURNING incarnation`,
+			identity, r.incarnation, o.Host, me.pid, me.bootID, me.start).Scan(&n)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // another process claimed it first: judge that one
+		}
+		if err != nil {
+			return nil, pg.Translate(fmt.Errorf("error claiming worker identity %s: %w", identity, err))
+		}
+		return &Incarnation{Identity: identity, Number: n, db: db, hb: o.Heartbeat,
+			Took: &Predecessor{Number: r.incarnation, Host: r.host, PID: r.proc.pid, Reason: why}}, nil
+	}
+}
+
+// watch waits two and a half heartbeats for the incarnation of r to beat: it is
+// live if it does (or another process claimed the identity meanwhile), gone if
+// not.
+func watch(ctx context.Context, db pg.DBTX, identity string, r workerRow, hb time.Duration) (verdict, string, error) {
+	deadline := time.Now().Add(hb*5/2 - r.silent)
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return 0, "", fault.Wrap(fault.Unavailable, ctx.Err(), "claiming worker identity %s", identity)
+		case <-time.After(hb / 4):
+		}
+		now, found, err := readWorker(ctx, db, identity)
+		if err != nil {
+			return 0, "", err
+		}
+		if !found || now.incarnation != r.incarnation || !now.seenAt.Equal(r.seenAt) || now.stopped {
+			return live, fmt.Sprintf("its heartbeat went on (host %s, pid %d)", r.host, r.proc.pid), nil
+		}
+	}
+	return gone, fmt.Sprintf("no heartbeat for %s", (hb * 5 / 2).Round(time.Millisecond)), nil
+}
+
+// Beat records that this incarnation is alive. It returns CONFLICT when a later
+// incarnation of the identity has replaced it: this process must stop at once
+// (its leases are taken over, so its fenced work fails anyway).
+func (i *Incarnation) Beat(ctx context.Context) error {
+	tag, err := i.db.Exec(ctx, `UPDATE compute_workers SET seen_at = compute_now()
+WHERE identity = $1 AND incarnation = $2 AND stopped_at IS NULL`, i.Identity, i.Number)
+	if err != nil {
+		return pg.Translate(fmt.Errorf("error recording the heartbeat of %s: %w", i.Owner(), err))
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	r, found, err := readWorker(ctx, i.db, i.Identity)
+	if err != nil {
+		return err
+	}
+	if found && r.incarnation == i.Number {
+		return nil // retired by this process's own graceful stop
+	}
+	if !found {
+		return fault.New(fault.Conflict, "worker identity %s was deleted from compute_workers: this process (incarnation %d) stops", i.Identity, i.Number)
+	}
+	return fault.New(fault.Conflict,
+		"worker identity %s was taken over by incarnation %d on host %s (pid %d): another process runs with this identity, so this one (incarnation %d) stops",
+		i.Identity, r.incarnation, r.host, r.proc.pid, i.Number)
+}
+
+// Run beats every heartbeat interval until ctx is done, or until a later
+// incarnation replaced this one: then it calls superseded once with the CONFLICT
+// and returns. A failed beat (the database away) is retried at the next tick;
+// failed reports every such failure.
+func (i *Incarnation) Run(ctx context.Context, superseded func(error), failed func(error)) {
+	t := time.NewTicker(i.hb)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		bctx, cancel := context.WithTimeout(ctx, 2*i.hb)
+		err := i.Beat(bctx)
+		cancel()
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return
+		case fault.Has(err, fault.Conflict):
+			superseded(err)
+			return
+		case ctx.Err() == nil && failed != nil:
+			failed(err)
+		}
+	}
+}
+
+// Retire records a graceful stop, so the next incarnation takes over without
+// watching for a heartbeat.
+func (i *Incarnation) Retire(ctx context.Context) error {
+	_, err := i.db.Exec(ctx, `UPDATE compute_workers SET stopped_at = compute_now()
+WHERE identity = $1 AND incarnation = $2`, i.Identity, i.Number)
+	return pg.Translate(err)
+}
+
+// ReleaseEarlier releases at once the unexpired leases earlier incarnations of
+// this identity still hold, except the names in keep (this incarnation takes
+// those over itself), so other processes need not wait out their TTL. It returns
+// how many it released.
+func (i *Incarnation) ReleaseEarlier(ctx context.Context, keep []string) (int64, error) {
+	tag, err := i.db.Exec(ctx, `UPDATE compute_leases SET expires_at = '-infinity'
+WHERE starts_with(owner, $1 || '#') AND owner <> $2 AND expires_at > compute_now()
+  AND NOT name = ANY($3::text[])
+  AND NOT EXISTS (SELECT 1 FROM compute_workers w WHERE w.identity = $1 AND w.incarnation <> $4)`,
+		i.Identity, i.Owner(), keep, i.Number)
+	if err != nil {
+		return 0, pg.Translate(fmt.Errorf("error releasing the leases of earlier incarnations of %s: %w", i.Identity, err))
+	}
+	return tag.RowsAffected(), nil
+}
