@@ -325,11 +325,48 @@ func (c *Cluster) Stop() error {
 // Restart stops and starts the server on the same directory and port, for tests
 // of connection loss. Only an owned cluster can restart.
 func (c *Cluster) Restart(ctx context.Context, o Options) error {
-	if !c.owned {
-		return fault.New(fault.InvalidArgument, "only the process that started the embedded cluster can restart it")
+	if err := c.Halt(false); err != nil {
+		return err
 	}
-	_ = c.cmd.Process.Signal(syscall.SIGINT)
+	return c.Resume(ctx, o)
+}
+
+// Halt stops the server, leaving its directory and port to Resume, for tests of
+// a server outage: a fast shutdown (SIGINT: roll back, disconnect, checkpoint),
+// or with immediate an immediate one (SIGQUIT: no checkpoint, crash recovery at
+// the next start). It waits for the server to exit. Halting a halted server does
+// nothing. Only an owned cluster can halt.
+func (c *Cluster) Halt(immediate bool) error {
+	if !c.owned || c.cmd == nil {
+		return fault.New(fault.InvalidArgument, "only the process that started the embedded cluster can halt it")
+	}
+	select {
+	case <-c.exited:
+		return nil
+	default:
+	}
+	sig, mode := syscall.SIGINT, "fast"
+	if immediate {
+		sig, mode = syscall.SIGQUIT, "immediate"
+	}
+	t0 := time.Now()
+	_ = c.cmd.Process.Signal(sig)
 	<-c.exited
+	c.logf("embedded PostgreSQL: halted (%s shutdown, port %d) in %s", mode, c.port, time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+// Resume starts a halted server again on the same directory and port, and
+// returns once it accepts connections. Resuming a running server does nothing.
+func (c *Cluster) Resume(ctx context.Context, o Options) error {
+	if !c.owned || c.cmd == nil {
+		return fault.New(fault.InvalidArgument, "only the process that started the embedded cluster can resume it")
+	}
+	select {
+	case <-c.exited:
+	default:
+		return nil
+	}
 	bin, err := FindBin(o.BinDir)
 	if err != nil {
 		return err

@@ -260,6 +260,53 @@ func TestStartAndStop(t *testing.T) {
 	require.NoDirExists(t, dir, "a memory cluster's directory is removed")
 }
 
+// TestEmbeddedHaltAndResume stops the server in fast and in immediate mode and
+// starts it again on the same port and data: a connection made before the halt
+// is broken, new ones work after Resume, and the data survives both modes.
+func TestEmbeddedHaltAndResume(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, err := embedded.Start(ctx, embedded.Options{Fast: true})
+	require.NoError(t, err)
+	defer c.Stop()
+	port := c.Port()
+	conn, err := pgx.Connect(ctx, c.URL())
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "CREATE TABLE survives (n int); INSERT INTO survives VALUES (1)")
+	require.NoError(t, err)
+
+	for _, immediate := range []bool{false, true} {
+		pid := postmaster(t, c.Dir())
+		require.NoError(t, c.Halt(immediate))
+		require.True(t, refuses(port), "immediate=%t: the port is closed while halted", immediate)
+		require.NotContains(t, serverPIDs(c.Dir()), pid)
+		require.NoError(t, c.Halt(immediate), "halting a halted server does nothing")
+		_, err = conn.Exec(ctx, "SELECT 1")
+		require.Error(t, err, "immediate=%t: the old connection is gone", immediate)
+
+		require.NoError(t, c.Resume(ctx, embedded.Options{Fast: true}))
+		require.NoError(t, c.Resume(ctx, embedded.Options{Fast: true}), "resuming a running server does nothing")
+		require.Equal(t, port, c.Port())
+		require.NotEqual(t, pid, postmaster(t, c.Dir()))
+		conn, err = pgx.Connect(ctx, c.URL())
+		require.NoError(t, err)
+		var n int
+		require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM survives").Scan(&n))
+		require.Equal(t, 1, n, "immediate=%t", immediate)
+	}
+	require.NoError(t, conn.Close(ctx))
+
+	// Restart is Halt and Resume.
+	pid := postmaster(t, c.Dir())
+	require.NoError(t, c.Restart(ctx, embedded.Options{Fast: true}))
+	require.NotEqual(t, pid, postmaster(t, c.Dir()))
+	query(t, c.URL())
+
+	require.NoError(t, c.Stop())
+	require.True(t, refuses(port))
+	require.Empty(t, serverPIDs(c.Dir()))
+}
+
 // TestStartAsNonRoot runs the start-and-query helper as the unprivileged
 // postgres user, from a copy of this test binary that the user can read. The
 // helper then exits without stopping the cluster: the server goes with it.
