@@ -39,8 +39,35 @@
 //     'running', so the stale attempt's outcome would land on the holder's
 //     attempt of the same job).
 //
+// The holder also hands back its own running jobs that none of its goroutines
+// works and that it attempted more than max(renewal, 5 s) ago: attempts whose
+// outcome River's completer could not record (the database restarted under
+// them).
+//
 // Work therefore resumes within one TTL after a crash, and within one renewal
 // interval of a stray fetch.
+//
+// # Identity: restarts resume at once
+//
+// Each Runtime claims a new incarnation of its worker identity at start
+// (lease.Claim; Options.Identity, HOST/SLOT by default) and owns its leases, its
+// River client id and its jobs' attempted_by as IDENTITY#N. When the previous
+// incarnation is gone (killed, crashed, stopped), the new one takes its leases
+// at once with new epochs instead of waiting out their TTL, hands back its
+// running jobs (shard jobs at the takeover, the maintenance queue's at start),
+// clears River's leadership if it held it, and releases the leases it does not
+// serve. A live duplicate makes Start return CONFLICT. A Runtime whose
+// heartbeat finds a later incarnation cancels its jobs and closes Done (Err is
+// the CONFLICT): the binary stops and exits.
+//
+// # The database restarting
+//
+// A fenced transaction that loses its connection is run again in place while
+// the lease holds (pg.Disconnected): the job's fence keeps it exactly once, and
+// the job does not wait for River's completer, which cannot write either. The
+// lease keeper retries a round that could not reach the database every 100 ms,
+// and River fetches again 5 ms after a full fetch (FetchCooldown), so a backlog
+// built up during the outage drains at the machine's pace.
 //
 // # The fenced job transaction
 //

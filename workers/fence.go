@@ -3,6 +3,8 @@ package workers
 import (
 	"context"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
@@ -54,7 +56,7 @@ func InTxLease[T river.JobArgs](ctx context.Context, job *river.Job[T], l lease.
 	if rt == nil {
 		return fault.New(fault.Internal, "workers.InTxLease: no Runtime in the job's context")
 	}
-	err := pg.InTx(ctx, rt.pool, nil, func(tx pgx.Tx) error {
+	err := inTxRetrying(ctx, rt, job.JobRow, l, func(tx pgx.Tx) error {
 		if err := Fence(ctx, tx, l, job.JobRow); err != nil {
 			return err
 		}
@@ -74,6 +76,39 @@ func InTxLease[T river.JobArgs](ctx context.Context, job *river.Job[T], l lease.
 		rt.metrics.fenced(job.Queue)
 	}
 	return err
+}
+
+// inTxRetrying runs fn in a transaction, again and again while it fails because
+// the connection was lost (the database restarted, a pooler dropped it) and the
+// job's context and its shard lease are still this process's. Nothing of a
+// failed transaction committed, unless its COMMIT reached the server before the
+// connection died; then the job is complete and the next attempt's fence says
+// so (FENCED, the job already done). Returning the error to River instead would
+// leave the job running until River's completer, which cannot write either,
+// gives up and retries: seconds after the database is back.
+func inTxRetrying(ctx context.Context, rt *Runtime, job *rivertype.JobRow, l lease.Lease, fn func(tx pgx.Tx) error) error {
+	wait := 50 * time.Millisecond
+	for tries := 1; ; tries++ {
+		err := pg.InTx(ctx, rt.pool, nil, fn)
+		if err == nil || !pg.Disconnected(err) || ctx.Err() != nil {
+			return err
+		}
+		if strings.HasPrefix(l.Name, "shard/") {
+			if cur, ok := rt.keeper.Held(l.Name); !ok || cur.Epoch != l.Epoch {
+				return err // the lease is gone: the middleware gives the job back
+			}
+		}
+		if tries == 1 {
+			rt.log.Info().Err(err).Int64("job_id", job.ID).Str("queue", job.Queue).
+				Msg("fenced transaction lost its connection; retrying it while the lease holds")
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
 
 // Fence runs both fences as the first statements of tx, in one round trip: the

@@ -3,6 +3,7 @@ package workers_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -222,4 +223,55 @@ func TestKeeperReportsLossAtOnce(t *testing.T) {
 	require.False(t, held)
 	_, held = k.Held("sink/b")
 	require.True(t, held)
+}
+
+type dropArgs struct {
+	Drops int `json:"drops"` // how many times the transaction loses its connection
+}
+
+func (dropArgs) Kind() string { return "test_drop" }
+
+type dropWorker struct {
+	river.WorkerDefaults[dropArgs]
+	calls atomic.Int32
+}
+
+func (w *dropWorker) Work(ctx context.Context, job *river.Job[dropArgs]) error {
+	return workers.InTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO drop_writes (job_id) VALUES ($1)`, job.ID); err != nil {
+			return err
+		}
+		if int(w.calls.Add(1)) <= job.Args.Drops {
+			// The server ends this session mid-transaction, as a restart would.
+			_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+			return err
+		}
+		return nil
+	})
+}
+
+// TestFencedTxRetriesALostConnection: a fenced transaction that loses its
+// connection (the database restarted under it) is run again in place while the
+// lease holds: the job completes in its first attempt, with no River retry and
+// no error recorded, and its write is committed exactly once.
+func TestFencedTxRetriesALostConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(t, `CREATE TABLE drop_writes (job_id bigint NOT NULL)`)
+	reg := workers.NewRegistry()
+	w := &dropWorker{}
+	workers.AddWorker(reg, w)
+	workertest.Start(t, db.Pool, reg, &workers.Options{Shards: []int{0}})
+	var id int64
+	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		res, err := jobs.InsertTx(ctx, tx, dropArgs{Drops: 2}, &river.InsertOpts{Queue: jobs.ShardQueue(0)})
+		id = res.Job.ID
+		return err
+	}))
+	workertest.WaitFor(t, 20*time.Second, "the job completes", func() bool { return jobState(t, db, id) == "completed" })
+	require.Equal(t, int32(3), w.calls.Load(), "two lost connections, then the commit")
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM drop_writes WHERE job_id = $1`, id))
+	require.Equal(t, 1, db.MustCount(t, `SELECT attempt FROM river_job WHERE id = $1`, id), "no River retry")
+	require.Equal(t, 0, db.MustCount(t, `SELECT coalesce(array_length(errors, 1), 0) FROM river_job WHERE id = $1`, id))
 }

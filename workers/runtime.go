@@ -178,11 +178,15 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 		Logger:            logging.Slog(o.Log.With().Str("component", "river").Logger()),
 		PollOnly:          true, // no LISTEN/NOTIFY: PgBouncer in transaction mode
 		FetchPollInterval: o.PollInterval,
-		FetchCooldown:     min(o.PollInterval, 100*time.Millisecond),
-		JobTimeout:        o.JobTimeout,
-		Workers:           o.Registry.workers,
-		Middleware:        []rivertype.Middleware{&jobMiddleware{rt: rt}},
-		ErrorHandler:      &errorHandler{rt: rt},
+		// The cooldown spaces fetches that follow a full one (8 jobs a fetch):
+		// short, so a backlog (after a database restart, a takeover) drains at
+		// the machine's pace rather than 8 jobs a cooldown. An idle queue still
+		// fetches once a poll interval.
+		FetchCooldown: min(o.PollInterval, 5*time.Millisecond),
+		JobTimeout:    o.JobTimeout,
+		Workers:       o.Registry.workers,
+		Middleware:    []rivertype.Middleware{&jobMiddleware{rt: rt}},
+		ErrorHandler:  &errorHandler{rt: rt},
 	}
 	if o.Work {
 		cfg.Queues = map[string]river.QueueConfig{jobs.MaintenanceQueue: {MaxWorkers: o.MaintenanceWorkers}}
@@ -320,11 +324,15 @@ func (rt *Runtime) leaseForQueue(queue string) (lease.Lease, bool) {
 // handBackSQL hands back, for each shard lease it is given, the running jobs of
 // that shard's queue that another client attempted: their attempts are fenced
 // (the lease's epoch moved on, or it was never theirs), and River alone would
-// leave them running for an hour. The statement is fenced by the leases
-// themselves, so a holder that lost a lease hands back nothing of that shard,
-// and it skips rows locked by a transaction still in flight (the next round
-// takes them). $1 lease names, $2 epochs, $3 queues (aligned), $4 this owner,
-// $5 the time for the errors entry, $6 when (at its takeover, after a lease round).
+// leave them running for an hour. It also hands back this process's own running
+// jobs that it is not working (none of its goroutines runs them: $7 lists those
+// it runs) and attempted more than $8 seconds ago: attempts whose outcome River's
+// completer could not record (the database restarted under them). The statement
+// is fenced by the leases themselves, so a holder that lost a lease hands back
+// nothing of that shard, and it skips rows locked by a transaction still in
+// flight (the next round takes them). $1 lease names, $2 epochs, $3 queues
+// (aligned), $4 this owner, $5 the time for the errors entry, $6 when (at its
+// takeover, after a lease round).
 const handBackSQL = `
 WITH fence AS (
     SELECT r.queue FROM compute_leases l
@@ -335,17 +343,26 @@ WITH fence AS (
 ), stray AS (
     SELECT j.id FROM river_job j
     WHERE j.state = 'running' AND j.queue = ANY(ARRAY(SELECT queue FROM fence))
-      AND j.attempted_by[array_length(j.attempted_by, 1)] IS DISTINCT FROM $4
+      AND (j.attempted_by[array_length(j.attempted_by, 1)] IS DISTINCT FROM $4
+           OR (j.id <> ALL($7::bigint[]) AND j.attempted_at < $5::timestamptz - make_interval(secs => $8)))
     FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE river_job j SET state = 'available',
        errors = array_append(j.errors, jsonb_build_object(
            'at', $5::timestamptz, 'attempt', j.attempt,
-           'error', 'handed back by ' || $4 || ', the holder of ' || j.queue || ', ' || $6 || ': the attempt of '
-                    || coalesce(j.attempted_by[array_length(j.attempted_by, 1)], 'nobody') || ' is fenced',
+           'error', 'handed back by ' || $4 || ', the holder of ' || j.queue || ', ' || $6 || ': '
+                    || CASE WHEN j.attempted_by[array_length(j.attempted_by, 1)] = $4
+                            THEN 'its own attempt ended without a recorded outcome'
+                            ELSE 'the attempt of ' || coalesce(j.attempted_by[array_length(j.attempted_by, 1)], 'nobody') || ' is fenced'
+                       END,
            'trace', ''))
 FROM stray WHERE j.id = stray.id
 RETURNING j.queue`
+
+// ownStrayAfter is how long after its attempt began a running job of this
+// process's own that none of its goroutines works is taken for one whose outcome
+// was lost: well past River's fetch-to-work handoff and its completer's batching.
+const ownStrayAfter = 5 * time.Second
 
 // handBack returns to their queues the running jobs of the shards of ls that
 // another client attempted (see handBackSQL): at a takeover, in the transaction
@@ -370,7 +387,8 @@ func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, when string, ls ...
 	if len(names) == 0 {
 		return nil
 	}
-	rows, err := db.Query(ctx, handBackSQL, names, epochs, queues, rt.owner, time.Now(), when)
+	rows, err := db.Query(ctx, handBackSQL, names, epochs, queues, rt.owner, time.Now(), when,
+		rt.inFlightIDs(), max(rt.o.LeaseRenew, ownStrayAfter).Seconds())
 	if err != nil {
 		return fmt.Errorf("error handing back the running jobs of shards %v: %w", queues, err)
 	}
@@ -472,6 +490,19 @@ func (rt *Runtime) track(queue string, id int64, cancel context.CancelCauseFunc)
 		rt.inFlight[queue] = m
 	}
 	m[id] = cancel
+}
+
+// inFlightIDs are the ids of the jobs this process is working now.
+func (rt *Runtime) inFlightIDs() []int64 {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	ids := []int64{}
+	for _, m := range rt.inFlight {
+		for id := range m {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 func (rt *Runtime) untrack(queue string, id int64) {

@@ -29,7 +29,8 @@ func insertRunning(t *testing.T, db *pgtest.DB, queue, client string, attemptedA
 // job of its queue. A job there attempted by another client (a paused process
 // that woke, fetched and died: no takeover will ever come, since the holder
 // never changed) is handed back by the holder within one renewal interval and
-// worked; the holder's own running jobs are left alone.
+// worked; the holder's own running jobs are left alone, unless none of its
+// goroutines works one that it attempted long ago.
 func TestHolderHandsBackStrayJobs(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -41,22 +42,31 @@ func TestHolderHandsBackStrayJobs(t *testing.T) {
 	workertest.WaitFor(t, 10*time.Second, "the worker holds shard 3", func() bool { return len(rt.HeldShards()) == 1 })
 	epoch := db.MustCount(t, `SELECT epoch FROM compute_leases WHERE name = 'shard/3'`)
 
-	// The holder's own running job (as if it were being worked now), and a
-	// stray attempted by a dead process.
-	own := insertRunning(t, db, "shard_3", rt.Owner(), time.Now())
+	// The holder's own running job, attempted moments ago (as if River had just
+	// fetched it), a stray attempted by a dead process, and a job of its own
+	// attempted a minute ago that none of its goroutines works: its outcome was
+	// lost (River's completer could not record it while the database was away).
+	own := insertRunning(t, db, "shard_3", rt.Owner(), time.Now().Add(30*time.Second))
 	inserted := time.Now()
 	stray := insertRunning(t, db, "shard_3", "dead-process", time.Now().Add(-time.Second))
+	lost := insertRunning(t, db, "shard_3", rt.Owner(), time.Now().Add(-time.Minute))
 
 	workertest.WaitFor(t, 10*time.Second, "the stray job is handed back and worked", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE id = $1 AND state = 'completed'`, stray) == 1
 	})
 	took := time.Since(inserted)
 	t.Logf("stray job worked %s after it appeared (renewal interval 500ms)", took.Round(time.Millisecond))
-	require.Equal(t, 1, db.MustCount(t, `SELECT n FROM test_items WHERE key = 'a'`), "worked exactly once")
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job, unnest(errors) e
 		WHERE id = $1 AND e->>'error' LIKE 'handed back by ' || $2 || '%after a lease round%dead-process%'`, stray, rt.Owner()),
 		"the job's errors say who handed it back, and whose attempt it was")
-	require.Equal(t, "running", jobState(t, db, own), "the holder's own running job is not handed back")
+	require.Equal(t, "running", jobState(t, db, own), "the holder's own recent running job is not handed back")
+	workertest.WaitFor(t, 10*time.Second, "the job whose outcome was lost is handed back and worked", func() bool {
+		return jobState(t, db, lost) == "completed"
+	})
+	time.Sleep(time.Second) // a few more lease rounds: nothing runs twice
+	require.Equal(t, 2, db.MustCount(t, `SELECT n FROM test_items WHERE key = 'a'`), "the two handed-back jobs worked exactly once each")
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job, unnest(errors) e
+		WHERE id = $1 AND e->>'error' LIKE '%its own attempt ended without a recorded outcome'`, lost))
 	require.Equal(t, epoch, db.MustCount(t, `SELECT epoch FROM compute_leases WHERE name = 'shard/3'`), "no takeover was needed")
 }
 

@@ -43,5 +43,37 @@
 // that other processes attempted). Held trusts a holding only until it expires
 // by the process's own clock, less a margin (a tenth of the TTL, at most 1 s):
 // a process that was paused past its lease stops starting work at once, before
-// its next round learns that another owner took the lease.
+// its next round learns that another owner took the lease. A round that cannot
+// reach the database (a restart, a network cut) is retried every
+// FailedRoundRetry (100 ms), so leases lost to an outage come back within that of
+// the server accepting connections again.
+//
+// # Worker identities and incarnations
+//
+// A worker process has an identity, stable across restarts (HOST/SLOT by
+// default), and claims a new incarnation of it at every start (Claim): a row of
+// compute_workers naming the incarnation number, the process (host, pid, boot id,
+// start time) and its last heartbeat. Its lease owner is "IDENTITY#N".
+//
+//	        Claim: no row, or the previous incarnation is gone
+//	(none) ─────────────────────────────────────────────────▶ current(N)
+//	                                                             │  │
+//	        Claim by a live duplicate: CONFLICT, nothing changes │  │ Retire (graceful stop)
+//	        ◀────────────────────────────────────────────────────┘  ▼
+//	current(N) ── Claim of N+1 (N gone: exited, silent 3 beats) ──▶ superseded(N)
+//
+// Invariants:
+//
+//   - At most one current incarnation per identity: Claim moves the row from N
+//     to N+1 by compare-and-set, and only after proving N gone: stopped, its
+//     process exited (same host and boot: pid and start time), or silent for
+//     three heartbeats (watched for 2.5 s when it ran on another host). A live N
+//     makes Claim return CONFLICT.
+//   - The current incarnation takes any lease an earlier incarnation of its
+//     identity holds at once, expired or not, with a new epoch: the earlier
+//     process is fenced exactly as after a takeover, with no TTL to wait.
+//   - A superseded incarnation takes and renews nothing (AcquireMany and Renew
+//     check compute_workers in the same statement), and its next heartbeat
+//     returns CONFLICT, so it stops rather than flap.
+//   - Owners of another identity gain nothing: they wait out the TTL as before.
 package lease

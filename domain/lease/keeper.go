@@ -54,7 +54,15 @@ type Keeper struct {
 	held  map[string]Lease
 	retry map[string]time.Time // a name held by another: try again at its expiry
 	wake  chan struct{}
+	// failing counts the rounds in a row that could not reach the database;
+	// while it is not zero, rounds come every FailedRoundRetry.
+	failing int
 }
+
+// FailedRoundRetry is how soon a keeper tries again after a round that could not
+// reach the database (a restart, a network cut): the leases come back, and their
+// work resumes, within this of the server accepting connections again.
+const FailedRoundRetry = 100 * time.Millisecond
 
 // NewKeeper returns a keeper; call Run to start it.
 func NewKeeper(o KeeperOptions) *Keeper {
@@ -144,6 +152,9 @@ func (k *Keeper) nextWait() time.Duration {
 	defer k.mu.Unlock()
 	wait := k.o.Renew
 	now := k.o.Anchor.Now()
+	if k.failing > 0 {
+		wait = min(wait, FailedRoundRetry)
+	}
 	if len(k.held) < len(k.want) {
 		// A standby looks for released leases every second (a cheap, lock-free
 		// check), so a graceful stop hands over at once, not at the next renewal.
@@ -191,7 +202,11 @@ func (k *Keeper) tick(ctx context.Context) {
 		got, err := Renew(ctx, k.o.DB, k.o.TTL, held...)
 		if err != nil {
 			if ctx.Err() == nil {
-				k.o.Log.Warn().Err(err).Msg("lease renewal failed")
+				if fault.Has(err, fault.Unavailable) {
+					k.roundFailed(err, "lease renewal failed")
+				} else {
+					k.o.Log.Warn().Err(err).Msg("lease renewal failed")
+				}
 			}
 			k.expireLocally()
 			return
@@ -213,6 +228,7 @@ func (k *Keeper) tick(ctx context.Context) {
 	// are handed back in the same transaction (Taken).
 	var taken []Lease
 	var others []Lease
+	unreachable := false
 	if len(toTake) > 0 {
 		err := pg.InTx(ctx, k.o.DB, nil, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", max(k.o.Renew.Milliseconds(), 1))); err != nil {
@@ -240,9 +256,13 @@ func (k *Keeper) tick(ctx context.Context) {
 		if err != nil {
 			taken, others = nil, nil
 			if ctx.Err() == nil {
-				if pg.SQLState(err) == "55P03" {
+				switch {
+				case pg.SQLState(err) == "55P03":
 					k.o.Log.Info().Strs("leases", toTake).Msg("takeover waits for the previous holder's transactions; retrying")
-				} else {
+				case fault.Has(pg.Translate(err), fault.Unavailable):
+					k.roundFailed(err, "lease acquisition failed")
+					unreachable = true
+				default:
 					k.o.Log.Warn().Err(err).Msg("lease acquisition failed")
 				}
 			}
@@ -252,6 +272,8 @@ func (k *Keeper) tick(ctx context.Context) {
 	if err := k.o.Anchor.Sample(ctx, k.o.DB); err != nil && ctx.Err() == nil {
 		if fault.Has(err, fault.ClockSkew) {
 			k.o.Log.Error().Err(err).Msg("clock skew: fencing still holds (it uses the database clock), but fix this host's clock")
+		} else if k.failing > 0 || unreachable {
+			k.o.Log.Debug().Err(err).Msg("clock sample failed") // the outage is logged once above
 		} else {
 			k.o.Log.Warn().Err(err).Msg("clock sample failed")
 		}
@@ -259,6 +281,10 @@ func (k *Keeper) tick(ctx context.Context) {
 
 	var acquired []Lease
 	k.mu.Lock()
+	if k.failing > 0 && !unreachable {
+		k.o.Log.Info().Int("failed_rounds", k.failing).Msg("lease rounds reach the database again")
+		k.failing = 0
+	}
 	for _, l := range lost {
 		delete(k.held, l.Name)
 	}
@@ -294,6 +320,20 @@ func (k *Keeper) tick(ctx context.Context) {
 	}
 	if k.o.Kept != nil && len(renewed)+len(acquired) > 0 && ctx.Err() == nil {
 		k.o.Kept(ctx, append(renewed, acquired...))
+	}
+}
+
+// roundFailed counts a round that could not reach the database; it logs the
+// first of a run (the rest at debug level: they come every FailedRoundRetry).
+func (k *Keeper) roundFailed(err error, msg string) {
+	k.mu.Lock()
+	k.failing++
+	first := k.failing == 1
+	k.mu.Unlock()
+	if first {
+		k.o.Log.Warn().Err(err).Msg(msg + "; retrying every " + FailedRoundRetry.String())
+	} else {
+		k.o.Log.Debug().Err(err).Int("failed_rounds", k.failing).Msg(msg)
 	}
 }
 

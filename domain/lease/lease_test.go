@@ -119,3 +119,41 @@ func TestHeldTrustsNoExpiredHolding(t *testing.T) {
 	require.Positive(t, left, "Held gave the holding up before it expired in the database (by the margin)")
 	require.Len(t, k.HeldAll(), 1, "the keeper has not been told of a loss: only Held distrusts the holding")
 }
+
+// TestKeeperRetriesQuicklyAfterAnOutage: while the database cannot be reached,
+// the keeper's rounds come every FailedRoundRetry (not once a renewal interval
+// or a standby poll), so the leases it lost come back as soon as the server
+// accepts connections again.
+func TestKeeperRetriesQuicklyAfterAnOutage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	proxy := pgtest.StartCancelCounter(t, db.URL)
+	pool, err := pg.Open(ctx, pg.Options{URL: proxy.URL(db.URL), MaxConns: 4})
+	require.NoError(t, err)
+	defer pool.Close()
+
+	const ttl = 3 * time.Second // renewal every second
+	k := lease.NewKeeper(lease.KeeperOptions{DB: pool, Owner: "k", TTL: ttl})
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go k.Run(runCtx)
+	k.Want("shard/0")
+	require.Eventually(t, func() bool { _, ok := k.Held("shard/0"); return ok }, 10*time.Second, 10*time.Millisecond)
+
+	proxy.Down()
+	before := proxy.Dials()
+	time.Sleep(ttl + time.Second) // the lease is lost by the keeper's own clock
+	_, held := k.Held("shard/0")
+	require.False(t, held)
+	tries := proxy.Dials() - before
+	// Once a renewal interval (1 s) or a standby poll (1 s) would be about 4
+	// tries in these 4 s; every FailedRoundRetry (100 ms) is about 40.
+	require.GreaterOrEqual(t, tries, int64(15), "rounds during the outage")
+
+	proxy.Up()
+	up := time.Now()
+	require.Eventually(t, func() bool { _, ok := k.Held("shard/0"); return ok }, 10*time.Second, 5*time.Millisecond)
+	t.Logf("%d connection attempts in %s down; the lease was back %s after the server returned",
+		tries, ttl+time.Second, time.Since(up).Round(time.Millisecond))
+}

@@ -273,6 +273,18 @@ func (p *Pool) begin(ctx context.Context, sql string) (pgx.Tx, error) {
 	return nil, Translate(fmt.Errorf("error beginning transaction: %w", err))
 }
 
+// Disconnected reports whether err says the connection failed, not the
+// statement: it was lost (the server restarted or ended the session, a socket
+// closed) or could not be made. A transaction that failed so may be retried as a
+// whole; a statement timeout is not such an error.
+func Disconnected(err error) bool {
+	if err == nil {
+		return false
+	}
+	return isBrokenConn(err) || strings.Contains(err.Error(), "failed to connect") ||
+		strings.Contains(err.Error(), "connection refused")
+}
+
 // isBrokenConn reports whether err says the connection, not the statement, failed:
 // nothing reached the server, or the server ended the session.
 func isBrokenConn(err error) bool {
