@@ -25,7 +25,7 @@ func init() { commandSet = append(commandSet, workerCommand) }
 func workerCommand() *command {
 	return &command{
 		name:    "worker",
-		summary: "lease and work the given shards' queues (--shards, default all); SIGTERM stops gracefully",
+		summary: "lease and work the given shards' queues (--shards, default all) under a stable identity (--worker-id: a restart takes its shards back at once); SIGTERM stops gracefully",
 		run: func(ctx context.Context, s *Session, args []string) error {
 			if len(args) > 0 {
 				return usageErr("worker takes no arguments (use --shards), got %q", args)
