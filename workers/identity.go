@@ -79,3 +79,17 @@ func (rt *Runtime) halt(err error) {
 		close(rt.done)
 	})
 }
+
+// retire records that this incarnation stopped (a graceful stop, or a start that
+// failed after its claim), so the next start with the identity need not watch
+// for a heartbeat.
+func (rt *Runtime) retire() {
+	if rt.inc == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := rt.inc.Retire(ctx); err != nil {
+		rt.log.Warn().Err(err).Msg("could not record the stop; the next start with this identity watches for a heartbeat first")
+	}
+}

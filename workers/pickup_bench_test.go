@@ -258,25 +258,32 @@ func runRiverPickup(b *testing.B, via *pg.Pool, d time.Duration) []pickupSample 
 	return afterWarmup(rec.samples(p), p.started)
 }
 
+// startOursPickup starts our Runtime on shard 0 with the pickup worker, logging
+// at level into a collector, and waits until it holds the shard; the caller stops it.
+func startOursPickup(b *testing.B, pool *pg.Pool, level zerolog.Level) (*workers.Runtime, *pickupRecorder, *logCollector) {
+	rec := newPickupRecorder()
+	reg := workers.NewRegistry()
+	workers.AddWorker(reg, &oursPickupWorker{rec: rec})
+	logs := &logCollector{}
+	rt, err := workers.Start(context.Background(), workers.Options{Pool: pool, Registry: reg, Shards: []int{0}, WorkersPerShard: pickupWorkers,
+		PollInterval: pickupPoll, Work: true, Log: logs.logger(level)})
+	require.NoError(b, err)
+	workertest.WaitFor(b, 30*time.Second, "shard 0 held", func() bool { return slices.Equal(rt.HeldShards(), []int{0}) })
+	return rt, rec, logs
+}
+
 // runOursPickup runs our Runtime (shard 0, production lease timings) on the
 // PgBouncer pool for d under the load, checks every job wrote exactly once, and
 // returns the samples after the warm-up.
 func runOursPickup(b *testing.B, via *pg.Pool, d time.Duration) []pickupSample {
 	ctx := context.Background()
-	rec := newPickupRecorder()
-	reg := workers.NewRegistry()
-	workers.AddWorker(reg, &oursPickupWorker{rec: rec})
-	logs := &logCollector{}
-	rt, err := workers.Start(ctx, workers.Options{Pool: via, Registry: reg, Shards: []int{0}, WorkersPerShard: pickupWorkers,
-		PollInterval: pickupPoll, Work: true, Log: logs.logger(zerolog.WarnLevel)})
-	require.NoError(b, err)
+	rt, rec, logs := startOursPickup(b, via, zerolog.WarnLevel)
 	stopped := false
 	defer func() {
 		if !stopped {
 			_ = rt.Stop(ctx)
 		}
 	}()
-	workertest.WaitFor(b, 30*time.Second, "shard 0 held", func() bool { return slices.Equal(rt.HeldShards(), []int{0}) })
 	queue := jobs.ShardQueue(0)
 	p := produce(ctx, via, queue, func(ns int64) river.JobArgs { return oursPickupArgs{InsertedNs: ns} }, d, 5*time.Second)
 	require.Zero(b, len(p.failed), "ours: inserts failed")
@@ -520,20 +527,13 @@ func runRestart(b *testing.B, sc restartScenario) {
 	_, err = pool.Exec(ctx, pickupDoneDDL)
 	require.NoError(b, err)
 
-	rec := newPickupRecorder()
-	reg := workers.NewRegistry()
-	workers.AddWorker(reg, &oursPickupWorker{rec: rec})
-	logs := &logCollector{}
-	rt, err := workers.Start(ctx, workers.Options{Pool: pool, Registry: reg, Shards: []int{0}, WorkersPerShard: pickupWorkers,
-		PollInterval: pickupPoll, Work: true, Log: logs.logger(zerolog.InfoLevel)})
-	require.NoError(b, err)
+	rt, rec, logs := startOursPickup(b, pool, zerolog.InfoLevel)
 	stopped := false
 	defer func() {
 		if !stopped {
 			_ = rt.Stop(ctx)
 		}
 	}()
-	workertest.WaitFor(b, 30*time.Second, "shard 0 held", func() bool { return slices.Equal(rt.HeldShards(), []int{0}) })
 
 	// The monitor samples the pool and the queue's backlog every second, on a
 	// connection of its own.

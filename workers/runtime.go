@@ -194,6 +194,7 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 	}
 	client, err := river.NewClient(riverpgxv5.New(o.Pool.Pool), cfg)
 	if err != nil {
+		rt.retire()
 		return nil, fault.Wrap(fault.InvalidConfig, err, "cannot configure River")
 	}
 	rt.client = client
@@ -204,6 +205,7 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 
 	if err := client.Start(rt.runCtx); err != nil {
 		rt.runCancel()
+		rt.retire()
 		return nil, fault.Wrap(fault.Unavailable, err, "cannot start River")
 	}
 	go rt.queueLoop()
@@ -572,9 +574,7 @@ WHERE queue = ANY($1) AND state = 'running' AND attempted_by[array_length(attemp
 	if err := rt.keeper.Release(relCtx); err != nil {
 		rt.log.Warn().Err(err).Msg("could not release leases; they expire within one TTL")
 	}
-	if err := rt.inc.Retire(relCtx); err != nil {
-		rt.log.Warn().Err(err).Msg("could not record the graceful stop; the next start with this identity watches for a heartbeat first")
-	}
+	rt.retire()
 	rt.metrics.leases(0)
 	rt.log.Info().Msg("worker stopped")
 	return nil
