@@ -16,6 +16,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
@@ -87,7 +88,7 @@ func TestProcessCrashLoopResumesAtOnce(t *testing.T) {
 	db := appDB(t)
 	w := startWorker(t, db, crashLoopEnv...)
 	workertest.WaitFor(t, 20*time.Second, "the worker holds every shard", func() bool { return leasesOf(t, db, w) == 16 })
-	identity, _, _ := splitOwner(ownerOf(t, db, w))
+	identity, _, _ := lease.OwnerIdentity(ownerOf(t, db, w))
 	stop := producer(t, db, 10*time.Millisecond)
 
 	var back []time.Duration
@@ -102,7 +103,7 @@ func TestProcessCrashLoopResumesAtOnce(t *testing.T) {
 			return leasesOf(t, db, w) == 16
 		})
 		back = append(back, time.Since(restarted))
-		id, n, _ := splitOwner(ownerOf(t, db, w))
+		id, n, _ := lease.OwnerIdentity(ownerOf(t, db, w))
 		require.Equal(t, identity, id, "a restart keeps its identity")
 		require.Equal(t, int64(i+2), n, "and is its next incarnation")
 	}
@@ -122,17 +123,6 @@ func TestProcessCrashLoopResumesAtOnce(t *testing.T) {
 		      FROM example_task_runs r JOIN river_job j ON j.id = r.job_id) x`).Scan(&p50, &p99, &worst))
 	t.Logf("20 kill -9 restarts under %d tasks: every shard back after %s median, %s max (lease TTL 15 s); insert to run p50 %.0f ms, p99 %.0f ms, max %.0f ms; backlog drained %s after the producer stopped; every task ran exactly once",
 		inserted, back[len(back)/2].Round(time.Millisecond), back[len(back)-1].Round(time.Millisecond), p50, p99, worst, drained.Round(time.Millisecond))
-}
-
-func splitOwner(owner string) (string, int64, bool) {
-	for i := len(owner) - 1; i > 0; i-- {
-		if owner[i] == '#' {
-			var n int64
-			_, err := fmt.Sscan(owner[i+1:], &n)
-			return owner[:i], n, err == nil
-		}
-	}
-	return "", 0, false
 }
 
 // epochs are the shard leases' epochs, by name.
