@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -75,8 +76,11 @@ func KeyHash(key string) uint32 {
 // ShardOf is key's shard among count shards.
 func ShardOf(key string, count int) int { return int(KeyHash(key) % uint32(count)) }
 
-// ShardQueue is the River queue of shard n.
-func ShardQueue(n int) string { return fmt.Sprintf("shard_%d", n) }
+// ShardQueuePrefix starts the River queue of every shard: shard_<n>.
+const ShardQueuePrefix = "shard_"
+
+// ShardQueue is the River queue of shard n: ShardQueuePrefix + n.
+func ShardQueue(n int) string { return ShardQueuePrefix + strconv.Itoa(n) }
 
 // MaintenanceQueue is the River queue every worker process works, whatever its
 // shards: resync and other unfenced, idempotent housekeeping.
@@ -94,34 +98,6 @@ type DirtyOpts struct {
 	// already waiting, the earlier of the two times wins.
 	Delay time.Duration
 }
-
-// dirtySQL upserts the key's row and, when the key has no row yet, inserts its
-// River job in the same statement (the job id is drawn from River's sequence
-// first, so the row knows it). It returns whether the row is new, its job and that
-// job's state as this statement's snapshot sees it.
-//
-// $1 kind, $2 key, $3 key hash, $4 delay (s), $5 River scheduled_at, $6 args, $7 tags.
-const dirtySQL = `
-WITH d AS (
-    INSERT INTO compute_dirty AS d (kind, key, shard, gen, not_before, job_id)
-    VALUES ($1, $2, ($3::bigint % (SELECT shard_count FROM compute_settings))::int, 1,
-            compute_now() + make_interval(secs => $4), nextval('river_job_id_seq'))
-    ON CONFLICT (kind, key) DO UPDATE
-       SET gen = d.gen + 1,
-           not_before = LEAST(d.not_before, EXCLUDED.not_before)
-    RETURNING (xmax = 0) AS inserted, d.job_id, d.shard, d.not_before,
-              -- compute_now() is stable within the statement: equal means ours won
-              d.not_before = compute_now() + make_interval(secs => $4) AS earlier
-), j AS (
-    INSERT INTO river_job (id, args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata)
-    SELECT d.job_id, $6::jsonb, 'reconcile', 25, 1, 'shard_' || d.shard, $5,
-           CASE WHEN $4 >= 5 THEN 'scheduled' ELSE 'available' END::river_job_state, $7::varchar(255)[], '{}'
-    FROM d WHERE d.inserted
-    RETURNING id
-)
-SELECT d.inserted, d.job_id, d.earlier,
-       CASE WHEN d.inserted THEN 'available' ELSE (SELECT r.state::text FROM river_job r WHERE r.id = d.job_id) END
-FROM d`
 
 // Dirty marks key of reconciler kind as needing a reconcile, in tx: see the package
 // doc. If tx rolls back, so does the mark. It returns INVALID_ARGUMENT for a kind
@@ -157,11 +133,15 @@ func Dirty(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) er
 	if state == nil {
 		// The job is invisible to the statement's snapshot: committed by a
 		// transaction we waited for (read it again), or deleted by an operator.
-		if err := tx.QueryRow(ctx, `SELECT state::text FROM river_job WHERE id = $1`, jobID).Scan(&state); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		if err := tx.QueryRow(ctx, jobStateSQL, jobID).Scan(&state); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("error reading the job of %s/%s: %w", kind, key, err)
 		}
 	}
-	switch s := deref(state); s {
+	var s string // "" when the job is gone
+	if state != nil {
+		s = *state
+	}
+	switch s {
 	case "running":
 		return nil // the run ends by scheduling a follow-up at not_before
 	case "available", "scheduled", "retryable", "pending":
@@ -169,11 +149,7 @@ func Dirty(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) er
 			return nil
 		}
 		// The earlier not-before wins: move the waiting job (never a running one).
-		_, err := tx.Exec(ctx, `
-UPDATE river_job SET scheduled_at = LEAST(scheduled_at, $2),
-       state = CASE WHEN $3 THEN 'available'::river_job_state ELSE state END
-WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable', 'pending') AND scheduled_at > $2`,
-			jobID, time.Now().Add(delay), delay < ScheduledAfter)
+		_, err := tx.Exec(ctx, moveEarlierSQL, jobID, time.Now().Add(delay), delay < ScheduledAfter)
 		if err != nil {
 			return fmt.Errorf("error moving the job of %s/%s earlier: %w", kind, key, err)
 		}
@@ -192,32 +168,11 @@ func Requeue(ctx context.Context, tx pgx.Tx, kind, key string) error {
 	if err != nil {
 		return err
 	}
-	_, err = tx.Exec(ctx, `
-WITH d AS (
-    SELECT kind, key, shard, greatest(extract(epoch FROM not_before - compute_now()), 0) AS delay
-    FROM compute_dirty WHERE kind = $1 AND key = $2 FOR UPDATE
-), j AS (
-    INSERT INTO river_job (args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata)
-    SELECT $3::jsonb, 'reconcile', 25, 1, 'shard_' || d.shard,
-           $4::timestamptz + make_interval(secs => d.delay),
-           CASE WHEN d.delay >= 5 THEN 'scheduled' ELSE 'available' END::river_job_state,
-           $5::varchar(255)[], '{}'
-    FROM d
-    RETURNING id
-)
-UPDATE compute_dirty c SET job_id = j.id FROM j WHERE c.kind = $1 AND c.key = $2`,
-		kind, key, string(args), time.Now(), []string{kind})
+	_, err = tx.Exec(ctx, requeueSQL, kind, key, string(args), time.Now(), []string{kind})
 	if err != nil {
 		return fmt.Errorf("error requeueing %s/%s: %w", kind, key, err)
 	}
 	return nil
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }
 
 // Resync is the periodic job that re-dirties every key a reconciler owns.

@@ -12,13 +12,10 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/bettercompute/bettercompute/domain/lease"
+	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
-
-// jobFenceSQL locks the job's own row with this attempt: $1 id, $2 attempt. No row
-// means the attempt is stale (the job was handed back, rescued or cancelled).
-const jobFenceSQL = `SELECT 1 FROM river_job WHERE id = $1 AND attempt = $2 AND state = 'running' FOR UPDATE`
 
 // InTx runs fn in the fenced job transaction of job, which must be in a shard
 // queue of this process (see the package doc), and completes the job in it. It
@@ -117,7 +114,7 @@ func inTxRetrying(ctx context.Context, rt *Runtime, job *rivertype.JobRow, l lea
 func Fence(ctx context.Context, tx pgx.Tx, l lease.Lease, job *rivertype.JobRow) error {
 	b := &pgx.Batch{}
 	b.Queue(lease.FenceSQL, l.Name, l.Owner, l.Epoch)
-	b.Queue(jobFenceSQL, job.ID, job.Attempt)
+	b.Queue(jobs.FenceJobSQL, job.ID, job.Attempt)
 	res := tx.SendBatch(ctx, b)
 	leaseRows, errLease := countRows(res)
 	jobRows, errJob := countRows(res)

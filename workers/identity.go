@@ -37,20 +37,10 @@ WHERE starts_with(leader_id, $1 || '#') AND leader_id <> $2`, inc.Identity, rt.o
 	}
 	// Its running maintenance jobs go back to the queue now, instead of after
 	// River's rescue delay. (Its shard jobs go back when their leases are taken.)
-	tag, err := rt.pool.Exec(ctx, `
-UPDATE river_job j SET state = 'available',
-       errors = array_append(j.errors, jsonb_build_object(
-           'at', $4::timestamptz, 'attempt', j.attempt,
-           'error', 'handed back by ' || $3 || ' at its start: the attempt of '
-                    || j.attempted_by[array_length(j.attempted_by, 1)] || ', an earlier incarnation of its identity, ended with that process',
-           'trace', ''))
-WHERE j.state = 'running' AND j.queue = $1
-  AND starts_with(j.attempted_by[array_length(j.attempted_by, 1)], $2 || '#')
-  AND j.attempted_by[array_length(j.attempted_by, 1)] <> $3`,
-		jobs.MaintenanceQueue, inc.Identity, rt.owner, time.Now())
+	n, err := jobs.HandBackEarlierIncarnation(ctx, rt.pool, inc.Identity, rt.owner, time.Now())
 	if err != nil {
 		rt.log.Warn().Err(err).Msg("could not hand back the previous incarnation's maintenance jobs; River rescues them later")
-	} else if n := tag.RowsAffected(); n > 0 {
+	} else if n > 0 {
 		rt.log.Info().Int64("jobs", n).Str("queue", jobs.MaintenanceQueue).Msg("handed back the previous incarnation's running jobs")
 		rt.metrics.handedBack(n)
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
 
@@ -124,19 +125,11 @@ func (c *QueueCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.depth; c
 func (c *QueueCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	rows, err := c.DB.Query(ctx, `SELECT queue, state::text, count(*) FROM river_job
-		WHERE state IN ('available', 'scheduled', 'retryable', 'running', 'pending') GROUP BY 1, 2`)
-	if err == nil {
-		for rows.Next() {
-			var q, s string
-			var n int64
-			if rows.Scan(&q, &s, &n) == nil {
-				ch <- prometheus.MustNewConstMetric(c.depth, prometheus.GaugeValue, float64(n), q, s)
-			}
-		}
-		rows.Close()
+	counts, _ := jobs.CountUnfinished(ctx, c.DB)
+	for _, n := range counts {
+		ch <- prometheus.MustNewConstMetric(c.depth, prometheus.GaugeValue, float64(n.Jobs), n.Queue, n.State)
 	}
-	rows, err = c.DB.Query(ctx, `SELECT owner, split_part(name, '/', 1), count(*) FROM compute_leases
+	rows, err := c.DB.Query(ctx, `SELECT owner, split_part(name, '/', 1), count(*) FROM compute_leases
 		WHERE expires_at > compute_now() GROUP BY 1, 2`)
 	if err == nil {
 		for rows.Next() {

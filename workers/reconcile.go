@@ -102,29 +102,8 @@ type claimed struct {
 	key     string
 }
 
-// claimSQL marks up to $4 due, waiting reconcile jobs of reconciler $3 in queue
-// $1 as running under this process, as River's own fetch does, in a short
-// transaction fenced by the shard lease ($5 name, $6 owner, $7 epoch): their rows
-// are locked only until it commits, and a takeover waits for it.
-const claimSQL = `
-WITH fence AS (
-    SELECT 1 FROM compute_leases
-    WHERE name = $5 AND owner = $6 AND epoch = $7 AND expires_at > compute_now()
-    FOR KEY SHARE
-), pick AS (
-    SELECT j.id FROM river_job j
-    WHERE j.state = 'available' AND j.queue = $1 AND j.scheduled_at <= $2 AND j.kind = 'reconcile'
-      AND j.args->>'reconciler' = $3 AND EXISTS (SELECT 1 FROM fence)
-    ORDER BY j.priority, j.scheduled_at, j.id
-    LIMIT $4
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE river_job j SET state = 'running', attempt = j.attempt + 1, attempted_at = $2,
-       attempted_by = array_append(j.attempted_by, $6)
-WHERE j.id = ANY(ARRAY(SELECT id FROM pick)) AND j.state = 'available'
-RETURNING j.id, j.attempt, j.args->>'key'`
-
-// claim takes up to n more due jobs of reconciler kind in queue into a batch.
+// claim takes up to n more due jobs of reconciler kind in queue into a batch
+// (jobs.ClaimReconcileSQL).
 //
 // A claim that finds nothing makes the next claims of that queue and reconciler
 // skip for one poll interval: when keys trickle in, each job is its own batch,
@@ -140,7 +119,7 @@ func claim(ctx context.Context, rt *Runtime, queue, kind string, n int) ([]claim
 	}
 	var out []claimed
 	err := pg.InTx(ctx, rt.pool, nil, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, claimSQL, queue, time.Now(), kind, n, l.Name, l.Owner, l.Epoch)
+		rows, err := tx.Query(ctx, jobs.ClaimReconcileSQL, queue, time.Now(), kind, n, l.Name, l.Owner, l.Epoch)
 		if err != nil {
 			return err
 		}
@@ -173,27 +152,13 @@ func giveBack(ctx context.Context, rt *Runtime, cs []claimed, cause error) {
 	for i, c := range cs {
 		ids[i], attempts[i] = c.id, c.attempt
 	}
-	_, err := rt.pool.Exec(context.WithoutCancel(ctx), `
-UPDATE river_job j SET state = 'available',
-       errors = array_append(j.errors, jsonb_build_object('at', $3::timestamptz, 'attempt', j.attempt,
-           'error', 'the batch it was taken into failed: ' || $4, 'trace', ''))
-WHERE j.id = ANY($1) AND j.state = 'running'
-  AND j.attempt = ($2::int[])[array_position($1::bigint[], j.id)]`,
-		ids, attempts, time.Now(), rt.redactErr(cause).Error())
+	_, err := jobs.GiveBackClaimed(context.WithoutCancel(ctx), rt.pool, ids, attempts, time.Now(), rt.redactErr(cause).Error())
 	if err != nil {
 		// They stay running under this process; the next shard holder (or
 		// River's rescuer) hands them back.
 		rt.log.Warn().Err(err).Int("jobs", len(cs)).Msg("could not give back the jobs of a failed batch")
 	}
 }
-
-// completeSQL completes the claimed jobs still running under their attempt
-// (their rows are locked: nobody can hand them back meanwhile) and returns them.
-const completeSQL = `
-UPDATE river_job j SET state = 'completed', finalized_at = $3
-WHERE j.id = ANY($1) AND j.state = 'running'
-  AND j.attempt = ($2::int[])[array_position($1::bigint[], j.id)]
-RETURNING j.id`
 
 // work runs the job's own key, and the claimed jobs' keys, in the job's fenced
 // transaction, completing them all.
@@ -252,13 +217,7 @@ func (b *batchRun) run(ctx context.Context, tx pgx.Tx, rec *Reconciler, own stri
 		for _, c := range more {
 			ids, attempts = append(ids, c.id), append(attempts, c.attempt)
 		}
-		rows, err := tx.Query(ctx, `SELECT j.id FROM river_job j
-			WHERE j.id = ANY($1) AND j.state = 'running' AND j.attempt = ($2::int[])[array_position($1::bigint[], j.id)]
-			ORDER BY j.id FOR UPDATE`, ids, attempts)
-		if err != nil {
-			return err
-		}
-		fenced, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		fenced, err := jobs.FenceClaimedTx(ctx, tx, ids, attempts)
 		if err != nil {
 			return err
 		}
@@ -316,7 +275,7 @@ func (b *batchRun) run(ctx context.Context, tx pgx.Tx, rec *Reconciler, own stri
 		return err
 	}
 	if len(ids) > 0 {
-		if _, err := tx.Exec(ctx, completeSQL, ids, attempts, time.Now()); err != nil {
+		if _, err := jobs.CompleteClaimedTx(ctx, tx, ids, attempts, time.Now()); err != nil {
 			return fmt.Errorf("error completing a batch of %s: %w", kind, err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
@@ -338,9 +339,6 @@ WHERE name = $1 AND job_id IS NOT DISTINCT FROM $2 AND NOT paused`, name, prevJo
 	return tag.RowsAffected() == 1, nil
 }
 
-// liveJobStates are the River states of a job that will still run.
-const liveJobStates = `('available', 'pending', 'running', 'scheduled', 'retryable')`
-
 // Due is a sink that has events to deliver and no live delivery job.
 type Due struct {
 	Name  string
@@ -351,13 +349,7 @@ type Due struct {
 // event after their cursor, and have no live delivery job: the ones whose next
 // delivery must be started. One statement, an index probe per sink.
 func DueSinks(ctx context.Context, db pg.DBTX, names []string) ([]Due, error) {
-	rows, err := db.Query(ctx, `
-SELECT s.name, s.job_id FROM compute_sinks s
-WHERE s.name = ANY($1::text[]) AND NOT s.paused
-  AND NOT EXISTS (SELECT 1 FROM river_job j WHERE j.id = s.job_id AND j.state IN `+liveJobStates+`)
-  AND EXISTS (SELECT 1 FROM compute_events e
-              WHERE e.txid < pg_snapshot_xmin(pg_current_snapshot())
-                AND (e.txid, e.seq) > (s.cursor_txid, s.cursor_seq))`, names)
+	rows, err := db.Query(ctx, jobs.DueSinksSQL, names)
 	if err != nil {
 		return nil, pg.Translate(fmt.Errorf("error polling sinks: %w", err))
 	}
@@ -380,20 +372,9 @@ WHERE s.name = ANY($1::text[]) AND NOT s.paused
 // fenced: its lease epoch and job attempt are no longer current. It returns the
 // number of jobs handed back.
 func HandBackStale(ctx context.Context, db pg.DBTX, names []string, kind string, startedBefore time.Time) (int, error) {
-	tag, err := db.Exec(ctx, `
-UPDATE river_job j SET state = 'available',
-       errors = array_append(j.errors, jsonb_build_object(
-           'at', $3::timestamptz, 'attempt', j.attempt,
-           'error', 'handed back: the sink lease ' || 'sink/' || s.name || ' expired while the job was running',
-           'trace', ''))
-FROM compute_sinks s
-WHERE j.id = s.job_id AND s.name = ANY($1::text[]) AND j.kind = $2 AND j.state = 'running'
-  AND j.attempted_at < $4::timestamptz
-  AND NOT EXISTS (SELECT 1 FROM compute_leases l
-                  WHERE l.name = 'sink/' || s.name AND l.expires_at > compute_now())`,
-		names, kind, time.Now(), startedBefore)
+	n, err := jobs.HandBackStaleSinkJobs(ctx, db, names, kind, time.Now(), startedBefore)
 	if err != nil {
 		return 0, pg.Translate(fmt.Errorf("error handing back stale sink jobs: %w", err))
 	}
-	return int(tag.RowsAffected()), nil
+	return int(n), nil
 }

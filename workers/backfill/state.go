@@ -2,7 +2,6 @@ package backfill
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -103,50 +102,34 @@ func (p *Progress) ETA() (time.Duration, bool) {
 	return time.Duration(float64(left) / *p.Rate * float64(time.Second)), true
 }
 
-const selectProgress = `
-SELECT b.name, b.state, b.epoch, b.batches, b.rows_done, b.last_batch_at, b.last_batch_rows,
-       b.last_batch_ms, b.rows_estimate, b.estimated_at, b.rate, b.rate_at, b.job_id, b.errors,
-       b.last_error, b.last_error_at, b.started_at, b.finished_at, b.created_at, b.updated_at,
-       j.state::text AS job_state, j.attempt AS job_attempt, j.max_attempts AS job_max_attempts,
-       j.scheduled_at AS job_scheduled_at, compute_now() AS now
-FROM compute_backfills b LEFT JOIN river_job j ON j.id = b.job_id`
-
 // Get returns the progress of the backfill name: NOT_FOUND if it was never
 // started.
 func Get(ctx context.Context, db pg.DBTX, name string) (*Progress, error) {
-	rows, err := db.Query(ctx, selectProgress+` WHERE b.name = $1`, name)
+	rows, err := db.Query(ctx, jobs.BackfillProgressSQL+` WHERE b.name = $1`, name)
 	if err != nil {
-		return nil, translate(fmt.Errorf("error reading backfill %s: %w", name, err))
+		return nil, pg.Translate(fmt.Errorf("error reading backfill %s: %w", name, err))
 	}
 	p, err := pgx.CollectExactlyOneRow(rows, pgx.RowToAddrOfStructByName[Progress])
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fault.New(fault.NotFound, "backfill %s was never started", name)
 	}
 	if err != nil {
-		return nil, translate(fmt.Errorf("error reading backfill %s: %w", name, err))
+		return nil, pg.Translate(fmt.Errorf("error reading backfill %s: %w", name, err))
 	}
 	return p, nil
 }
 
 // List returns the progress of every backfill that was ever started, by name.
 func List(ctx context.Context, db pg.DBTX) ([]*Progress, error) {
-	rows, err := db.Query(ctx, selectProgress+` ORDER BY b.name`)
+	rows, err := db.Query(ctx, jobs.BackfillProgressSQL+` ORDER BY b.name`)
 	if err != nil {
-		return nil, translate(fmt.Errorf("error listing backfills: %w", err))
+		return nil, pg.Translate(fmt.Errorf("error listing backfills: %w", err))
 	}
 	out, err := pgx.CollectRows(rows, pgx.RowToAddrOfStructByName[Progress])
 	if err != nil {
-		return nil, translate(fmt.Errorf("error listing backfills: %w", err))
+		return nil, pg.Translate(fmt.Errorf("error listing backfills: %w", err))
 	}
 	return out, nil
-}
-
-// translate is pg.Translate, with a missing table said plainly.
-func translate(err error) error {
-	if pg.SQLState(err) == "42P01" {
-		return fault.Wrap(fault.InvalidConfig, err, "the backfills table is missing: run better-compute migrate")
-	}
-	return pg.Translate(err)
 }
 
 // lockRow locks the backfill's row FOR UPDATE and returns its state, epoch and
@@ -155,20 +138,17 @@ func translate(err error) error {
 func lockRow(ctx context.Context, tx pgx.Tx, name string, create bool) (*Progress, error) {
 	if create {
 		if _, err := tx.Exec(ctx, `INSERT INTO compute_backfills (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`, name); err != nil {
-			return nil, translate(fmt.Errorf("error creating backfill %s: %w", name, err))
+			return nil, pg.Translate(fmt.Errorf("error creating backfill %s: %w", name, err))
 		}
 	}
 	p := &Progress{Name: name}
 	var jobState *string
-	err := tx.QueryRow(ctx, `
-SELECT b.state, b.epoch, b.batches, b.job_id,
-       (SELECT j.state::text FROM river_job j WHERE j.id = b.job_id)
-FROM compute_backfills b WHERE b.name = $1 FOR UPDATE OF b`, name).Scan(&p.State, &p.Epoch, &p.Batches, &p.JobID, &jobState)
+	err := tx.QueryRow(ctx, jobs.BackfillLockSQL, name).Scan(&p.State, &p.Epoch, &p.Batches, &p.JobID, &jobState)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fault.New(fault.NotFound, "backfill %s was never started", name)
 	}
 	if err != nil {
-		return nil, translate(fmt.Errorf("error locking backfill %s: %w", name, err))
+		return nil, pg.Translate(fmt.Errorf("error locking backfill %s: %w", name, err))
 	}
 	p.JobState = jobState
 	return p, nil
@@ -217,7 +197,7 @@ UPDATE compute_backfills SET
     started_at = compute_now(), finished_at = NULL, updated_at = compute_now()
 WHERE name = $1`, b.Name, epoch, estimate, jobID)
 		if err != nil {
-			return translate(fmt.Errorf("error starting backfill %s: %w", b.Name, err))
+			return pg.Translate(fmt.Errorf("error starting backfill %s: %w", b.Name, err))
 		}
 		out, err = Get(ctx, tx, b.Name)
 		return err
@@ -240,7 +220,8 @@ func Resume(ctx context.Context, db pg.DBTX, name string) (*Progress, error) {
 		switch {
 		case p.State == Paused:
 		case p.State == Running && p.JobLive():
-			return fault.New(fault.Conflict, "backfill %s is running (its job %d is %s): nothing to resume", name, deref(p.JobID), deref(p.JobState))
+			// JobLive: the job's row was read, so its id and state are set.
+			return fault.New(fault.Conflict, "backfill %s is running (its job %d is %s): nothing to resume", name, *p.JobID, *p.JobState)
 		case p.State == Running:
 			// Stalled: its job is gone; a new epoch fences any straggler.
 		case p.State == Pending:
@@ -258,7 +239,7 @@ UPDATE compute_backfills SET state = 'running', epoch = $2, job_id = $3,
     rate_at = compute_now(), updated_at = compute_now()
 WHERE name = $1`, name, epoch, jobID)
 		if err != nil {
-			return translate(fmt.Errorf("error resuming backfill %s: %w", name, err))
+			return pg.Translate(fmt.Errorf("error resuming backfill %s: %w", name, err))
 		}
 		out, err = Get(ctx, tx, name)
 		return err
@@ -313,7 +294,7 @@ UPDATE compute_backfills SET state = $2, epoch = epoch + 1,
     updated_at = compute_now()
 WHERE name = $1`, name, string(to))
 		if err != nil {
-			return translate(fmt.Errorf("error stopping backfill %s: %w", name, err))
+			return pg.Translate(fmt.Errorf("error stopping backfill %s: %w", name, err))
 		}
 		out, err = Get(ctx, tx, name)
 		return err
@@ -334,61 +315,23 @@ func verbOf(s State) string {
 // lock order (job, then backfill) and could deadlock; such a job finds the new
 // epoch and completes doing nothing.
 func cancelWaitingJobTx(ctx context.Context, tx pgx.Tx, id int64, why string) error {
-	_, err := tx.Exec(ctx, `
-WITH j AS (
-    SELECT id FROM river_job
-    WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable', 'pending')
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE river_job r SET state = 'cancelled', finalized_at = $2,
-    errors = array_append(r.errors, jsonb_build_object('at', $2::timestamptz, 'attempt', r.attempt, 'error', $3::text, 'trace', ''))
-FROM j WHERE r.id = j.id`, id, time.Now(), why)
+	_, err := jobs.CancelWaitingTx(ctx, tx, id, time.Now(), why)
 	if err != nil {
-		return translate(fmt.Errorf("error cancelling job %d: %w", id, err))
+		return pg.Translate(fmt.Errorf("error cancelling job %d: %w", id, err))
 	}
 	return nil
 }
-
-// schedulerInterval is River's job scheduler interval: a job scheduled further
-// out than this is 'scheduled' (River makes it available when due); a nearer one
-// is 'available' with its scheduled_at in the future, as River's own retries are,
-// so the fetch picks it up on time.
-const schedulerInterval = 5 * time.Second
-
-// maxAttempts of a batch job: River's default (its backoff spreads them over
-// about three weeks).
-const maxAttempts = 25
 
 // insertJobTx inserts the batch job args into the backfill's shard queue, to run
 // after delay, and returns its id.
 func insertJobTx(ctx context.Context, tx pgx.Tx, args jobs.Backfill, delay time.Duration) (int64, error) {
 	queue, err := jobs.ShardQueueOfTx(ctx, tx, jobs.BackfillShardKey(args.Name))
 	if err != nil {
-		return 0, translate(fmt.Errorf("error reading the shard count: %w", err))
+		return 0, pg.Translate(fmt.Errorf("error reading the shard count: %w", err))
 	}
-	enc, err := json.Marshal(args)
+	id, err := jobs.InsertBackfillTx(ctx, tx, args, queue, delay)
 	if err != nil {
-		return 0, err
-	}
-	state := "available"
-	if delay > schedulerInterval {
-		state = "scheduled"
-	}
-	var id int64
-	err = tx.QueryRow(ctx, `
-INSERT INTO river_job (args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata)
-VALUES ($1::jsonb, $2, $3, 1, $4, $5, $6::river_job_state, $7::varchar(255)[], '{}')
-RETURNING id`, string(enc), args.Kind(), maxAttempts, queue, time.Now().Add(delay), state, []string{jobs.BackfillTag}).Scan(&id)
-	if err != nil {
-		return 0, translate(fmt.Errorf("error enqueueing backfill %s batch %d: %w", args.Name, args.Batch, err))
+		return 0, pg.Translate(fmt.Errorf("error enqueueing backfill %s batch %d: %w", args.Name, args.Batch, err))
 	}
 	return id, nil
-}
-
-func deref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
 }

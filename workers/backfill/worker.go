@@ -70,7 +70,7 @@ FOR UPDATE`, args.Name, args.Epoch, args.Batch).Scan(&estimatedAt, &now)
 		return nil // InTx completes the job
 	}
 	if err != nil {
-		return translate(fmt.Errorf("error locking backfill %s: %w", args.Name, err))
+		return pg.Translate(fmt.Errorf("error locking backfill %s: %w", args.Name, err))
 	}
 
 	start := time.Now()
@@ -125,7 +125,7 @@ UPDATE compute_backfills SET
 WHERE name = $1 AND epoch = $2 AND batches = $3 AND state = 'running'`,
 		args.Name, args.Epoch, args.Batch, n, took.Milliseconds(), estimate, nextJob)
 	if err != nil {
-		return translate(fmt.Errorf("error recording backfill %s batch %d: %w", args.Name, args.Batch, err))
+		return pg.Translate(fmt.Errorf("error recording backfill %s batch %d: %w", args.Name, args.Batch, err))
 	}
 	if tag.RowsAffected() != 1 {
 		// Unreachable while the row lock above holds; the guard says so anyway.

@@ -19,61 +19,49 @@ import (
 // doctor calls it stuck.
 const StuckAfter = 5 * time.Minute
 
-// doctorWork checks the work side: the shard count, who holds the shards, jobs
-// stuck running, running jobs outside their shard's holder, the queues' depth,
-// and dirty keys no reconciler handles. now is the server's clock.
+// doctorWork checks the work side, one check after another: the shard count,
+// who holds the shards, jobs stuck running, running jobs outside their shard's
+// holder, the queues' depth, and dirty keys no reconciler handles. now is the
+// server's clock.
 func (s *Session) doctorWork(ctx context.Context, db *pg.Pool, r *report, now time.Time) {
-	add := r.add
-	count, err := migrate.ShardCount(ctx, db)
-	if err != nil {
-		r.fail("shards", err, "")
+	count, ok := s.doctorShards(ctx, db, r)
+	if !ok {
 		return
 	}
-	if count != s.Config.ShardCount {
-		add("shards", false, "the database has %d shards, BETTER_COMPUTE_SHARD_COUNT says %d: the count is fixed at the first migrate; set it to %d", count, s.Config.ShardCount, count)
-	} else {
-		add("shards", true, "%d shards, as configured", count)
-	}
+	holder := s.doctorLeases(ctx, db, r, now, count)
+	s.doctorRunning(ctx, db, r)
+	s.doctorStrays(ctx, db, r, now, holder)
+	s.doctorQueues(ctx, db, r)
+	s.doctorReconcilers(ctx, db, r)
+}
 
-	// Shard leases and their owners; a shard with waiting work and no holder is stuck.
-	// Leases expire by compute_now(), the clock their holders renew them by.
-	leases, leaseErr := lease.List(ctx, db, "shard/")
-	leaseNow := now
-	var dbNow time.Time
-	_ = db.QueryRow(ctx, "SELECT compute_now()").Scan(&dbNow)
-	if !dbNow.IsZero() {
-		leaseNow = dbNow
+// doctorShards checks the database's shard count against the configured one
+// and returns it; false when it cannot be read (the other work checks need it).
+func (s *Session) doctorShards(ctx context.Context, db *pg.Pool, r *report) (int, bool) {
+	const name = "shards"
+	count, err := migrate.ShardCount(ctx, db)
+	if err != nil {
+		r.fail(name, err, "")
+		return 0, false
 	}
-	held := map[int]bool{}
-	holder := map[int]string{} // shard -> owner of its unexpired lease
-	owners := map[string]int{}
-	for _, l := range leases {
-		var n int
-		if _, err := fmt.Sscanf(l.Name, "shard/%d", &n); err == nil && l.Name == workers.ShardLease(n) && l.ExpiresAt.After(leaseNow) {
-			held[n] = true
-			holder[n] = l.Owner
-			owners[l.Owner]++
-		}
+	if count != s.Config.ShardCount {
+		r.add(name, false, "the database has %d shards, BETTER_COMPUTE_SHARD_COUNT says %d: the count is fixed at the first migrate; set it to %d", count, s.Config.ShardCount, count)
+	} else {
+		r.add(name, true, "%d shards, as configured", count)
 	}
-	waiting := map[int]int{}
-	rows, waitErr := db.Query(ctx, `SELECT queue, count(*) FROM river_job WHERE state = 'available' AND queue LIKE 'shard\_%' GROUP BY 1`)
-	if waitErr == nil {
-		for rows.Next() {
-			var q string
-			var c int
-			var n int
-			if rows.Scan(&q, &c) == nil {
-				if _, err := fmt.Sscanf(q, "shard_%d", &n); err == nil {
-					waiting[n] = c
-				}
-			}
-		}
-		rows.Close()
-		waitErr = rows.Err()
-	}
+	return count, true
+}
+
+// doctorLeases checks the shard leases and their owners: a shard with waiting
+// work and no holder is stuck. It returns the owner of each held shard's
+// unexpired lease.
+func (s *Session) doctorLeases(ctx context.Context, db *pg.Pool, r *report, now time.Time, count int) map[int]string {
+	const name = "leases"
+	holder, owners, leaseErr := shardHolders(ctx, db, now)
+	waiting, waitErr := waitingByShard(ctx, db)
 	var unheld, stuck []string
 	for i := 0; i < count; i++ {
-		if !held[i] {
+		if _, held := holder[i]; !held {
 			unheld = append(unheld, fmt.Sprint(i))
 			if waiting[i] > 0 {
 				stuck = append(stuck, fmt.Sprintf("%d (%d jobs waiting)", i, waiting[i]))
@@ -87,94 +75,102 @@ func (s *Session) doctorWork(ctx context.Context, db *pg.Pool, r *report, now ti
 	sort.Strings(ownerList)
 	switch {
 	case leaseErr != nil:
-		r.fail("leases", leaseErr, "cannot list the shard leases")
+		r.fail(name, leaseErr, "cannot list the shard leases")
 	case waitErr != nil:
-		r.fail("leases", waitErr, "cannot count the jobs waiting")
+		r.fail(name, waitErr, "cannot count the jobs waiting")
 	case len(stuck) > 0:
-		add("leases", false, "no worker holds shard %s: start better-compute worker for them", strings.Join(stuck, ", "))
+		r.add(name, false, "no worker holds shard %s: start better-compute worker for them", strings.Join(stuck, ", "))
 	case len(unheld) == count:
-		add("leases", true, "no worker holds any shard (no work is waiting)")
+		r.add(name, true, "no worker holds any shard (no work is waiting)")
 	case len(unheld) > 0:
-		add("leases", true, "%d/%d shards held by %s; unheld (no work waiting): %s", count-len(unheld), count, strings.Join(ownerList, ", "), strings.Join(unheld, ","))
+		r.add(name, true, "%d/%d shards held by %s; unheld (no work waiting): %s", count-len(unheld), count, strings.Join(ownerList, ", "), strings.Join(unheld, ","))
 	default:
-		add("leases", true, "%d/%d shards held by %s", count, count, strings.Join(ownerList, ", "))
+		r.add(name, true, "%d/%d shards held by %s", count, count, strings.Join(ownerList, ", "))
 	}
+	return holder
+}
 
-	// Jobs running for longer than they may: their process died or is wedged.
-	var runningLong int
-	var oldestRunning *time.Time
-	_ = db.QueryRow(ctx, `SELECT count(*), min(attempted_at) FROM river_job
-		WHERE state = 'running' AND attempted_at < compute_now() - make_interval(secs => $1)`, StuckAfter.Seconds()).Scan(&runningLong, &oldestRunning)
-	if runningLong > 0 {
-		add("running", false, "%d jobs running for more than %s (oldest since %s): their worker died or hangs; a new shard holder hands them back", runningLong, StuckAfter, oldestRunning.Format(time.RFC3339))
-	} else {
-		var running int
-		_ = db.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state = 'running'`).Scan(&running)
-		add("running", true, "%d jobs running, none for more than %s", running, StuckAfter)
+// shardHolders reads the unexpired shard leases: the owner of each held shard,
+// and how many shards each owner holds. Leases expire by compute_now(), the
+// clock their holders renew them by (now, the server's clock, if it cannot be
+// read). A failed listing returns its error and no holder.
+func shardHolders(ctx context.Context, db *pg.Pool, now time.Time) (map[int]string, map[string]int, error) {
+	leases, err := lease.List(ctx, db, "shard/")
+	leaseNow := now
+	var dbNow time.Time
+	_ = db.QueryRow(ctx, "SELECT compute_now()").Scan(&dbNow)
+	if !dbNow.IsZero() {
+		leaseNow = dbNow
 	}
+	holder := map[int]string{}
+	owners := map[string]int{}
+	for _, l := range leases {
+		var n int
+		if _, err := fmt.Sscanf(l.Name, "shard/%d", &n); err == nil && l.Name == workers.ShardLease(n) && l.ExpiresAt.After(leaseNow) {
+			holder[n] = l.Owner
+			owners[l.Owner]++
+		}
+	}
+	return holder, owners, err
+}
 
-	s.doctorStrays(ctx, db, r, now, holder)
+// waitingByShard counts the available jobs of each shard's queue.
+func waitingByShard(ctx context.Context, db *pg.Pool) (map[int]int, error) {
+	byQueue, err := jobs.CountWaitingInShardQueues(ctx, db)
+	waiting := map[int]int{}
+	for q, c := range byQueue {
+		var n int
+		if _, err := fmt.Sscanf(q, jobs.ShardQueuePrefix+"%d", &n); err == nil {
+			waiting[n] = c
+		}
+	}
+	return waiting, err
+}
 
-	s.doctorQueues(ctx, db, r)
-	s.doctorReconcilers(ctx, db, r)
+// doctorRunning checks for jobs running for longer than StuckAfter: their
+// process died or is wedged.
+func (s *Session) doctorRunning(ctx context.Context, db *pg.Pool, r *report) {
+	const name = "running"
+	runningLong, oldest, _ := jobs.CountRunningLonger(ctx, db, StuckAfter)
+	if runningLong > 0 && oldest != nil {
+		r.add(name, false, "%d jobs running for more than %s (oldest since %s): their worker died or hangs; a new shard holder hands them back", runningLong, StuckAfter, oldest.Format(time.RFC3339))
+		return
+	}
+	running, _ := jobs.CountRunning(ctx, db)
+	r.add(name, true, "%d jobs running, none for more than %s", running, StuckAfter)
 }
 
 // doctorQueues checks the queues' depth: what waits, and for how long.
 func (s *Session) doctorQueues(ctx context.Context, db *pg.Pool, r *report) {
-	add := r.add
-	type depth struct {
-		queue  string
-		n      int
-		oldest time.Duration
-	}
-	var depths []depth
-	rows, err := db.Query(ctx, `SELECT queue, count(*), extract(epoch FROM compute_now() - min(scheduled_at))
-		FROM river_job WHERE state IN ('available', 'retryable') AND scheduled_at <= compute_now() GROUP BY 1 ORDER BY 2 DESC`)
+	const name = "queues"
+	depths, err := jobs.DueByQueue(ctx, db)
 	if err != nil {
-		r.fail("queues", err, "")
+		r.fail(name, err, "")
 		return
 	}
-	for rows.Next() {
-		var d depth
-		var secs float64
-		if rows.Scan(&d.queue, &d.n, &secs) == nil {
-			d.oldest = time.Duration(secs * float64(time.Second))
-			depths = append(depths, d)
-		}
-	}
-	rows.Close()
 	total, late := 0, []string{}
 	for _, d := range depths {
-		total += d.n
-		if d.oldest > StuckAfter {
-			late = append(late, fmt.Sprintf("%s: %d waiting, oldest %s", d.queue, d.n, d.oldest.Round(time.Second)))
+		total += d.Jobs
+		if d.Oldest > StuckAfter {
+			late = append(late, fmt.Sprintf("%s: %d waiting, oldest %s", d.Queue, d.Jobs, d.Oldest.Round(time.Second)))
 		}
 	}
 	switch {
 	case len(late) > 0:
-		add("queues", false, "work waits longer than %s: %s", StuckAfter, strings.Join(late, "; "))
+		r.add(name, false, "work waits longer than %s: %s", StuckAfter, strings.Join(late, "; "))
 	case total == 0:
-		add("queues", true, "no job is waiting")
+		r.add(name, true, "no job is waiting")
 	default:
-		add("queues", true, "%d jobs due in %d queues, none waiting longer than %s", total, len(depths), StuckAfter)
+		r.add(name, true, "%d jobs due in %d queues, none waiting longer than %s", total, len(depths), StuckAfter)
 	}
 }
-
-// strayRunSQL groups the running jobs of shard queues by queue and by the client
-// that last attempted them; $1 is the cut-off before which an attempt is old.
-const strayRunSQL = `
-SELECT queue, coalesce(attempted_by[array_length(attempted_by, 1)], ''),
-       count(*), count(*) FILTER (WHERE attempted_at IS NULL OR attempted_at < $1), min(attempted_at)
-FROM river_job
-WHERE state = 'running' AND queue ~ '^shard_[0-9]+$'
-GROUP BY 1, 2`
 
 // stray is the running jobs of one shard attempted by one client other than the
 // shard's holder.
 type stray struct {
 	shard       int
 	client      string
-	n, old      int
+	old         int // attempted before the cut-off
 	attemptedAt *time.Time
 }
 
@@ -187,39 +183,12 @@ type stray struct {
 func (s *Session) doctorStrays(ctx context.Context, db *pg.Pool, r *report, now time.Time, holder map[int]string) {
 	const name = "strays"
 	renew := s.Config.LeaseRenew
-	cutoff := now.Add(-2 * renew)
-	rows, err := db.Query(ctx, strayRunSQL, cutoff)
+	groups, err := jobs.RunningByAttempter(ctx, db, now.Add(-2*renew))
 	if err != nil {
 		r.fail(name, err, "cannot list the running jobs")
 		return
 	}
-	var strays []stray
-	young := 0
-	for rows.Next() {
-		var q string
-		var st stray
-		if err := rows.Scan(&q, &st.client, &st.n, &st.old, &st.attemptedAt); err != nil {
-			rows.Close()
-			r.fail(name, err, "cannot list the running jobs")
-			return
-		}
-		n, err := strconv.Atoi(strings.TrimPrefix(q, "shard_"))
-		if err != nil || jobs.ShardQueue(n) != q {
-			continue
-		}
-		st.shard = n
-		if h, ok := holder[n]; ok && h == st.client {
-			continue
-		}
-		young += st.n - st.old
-		if st.old > 0 {
-			strays = append(strays, st)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		r.fail(name, err, "cannot list the running jobs")
-		return
-	}
+	strays, young := findStrays(groups, holder)
 	if len(strays) == 0 {
 		if young > 0 {
 			r.add(name, true, "%s attempted by a client that does not hold the shard, for less than %s: the shard's holder hands them back within one renewal (%s)", plural(young, "running job"), 2*renew, renew)
@@ -228,26 +197,53 @@ func (s *Session) doctorStrays(ctx context.Context, db *pg.Pool, r *report, now 
 		}
 		return
 	}
+	parts := make([]string, 0, len(strays))
+	for _, st := range strays {
+		parts = append(parts, st.describe(now, holder))
+	}
+	r.add(name, false, "running jobs not attempted by their shard's holder, for more than %s: %s; the shard's holder hands them back within one renewal (%s)",
+		2*renew, strings.Join(parts, "; "), renew)
+}
+
+// findStrays picks, from the running jobs grouped by shard queue and client,
+// those of a client other than the shard's holder: the groups with old
+// attempts, by shard and client, and how many younger attempts there are.
+func findStrays(groups []jobs.RunningGroup, holder map[int]string) ([]stray, int) {
+	var strays []stray
+	young := 0
+	for _, g := range groups {
+		n, err := strconv.Atoi(strings.TrimPrefix(g.Queue, jobs.ShardQueuePrefix))
+		if err != nil || jobs.ShardQueue(n) != g.Queue {
+			continue
+		}
+		if h, ok := holder[n]; ok && h == g.Client {
+			continue
+		}
+		young += g.Jobs - g.Old
+		if g.Old > 0 {
+			strays = append(strays, stray{shard: n, client: g.Client, old: g.Old, attemptedAt: g.OldestAttempt})
+		}
+	}
 	sort.Slice(strays, func(i, j int) bool {
 		if strays[i].shard != strays[j].shard {
 			return strays[i].shard < strays[j].shard
 		}
 		return strays[i].client < strays[j].client
 	})
-	parts := make([]string, 0, len(strays))
-	for _, st := range strays {
-		since := ""
-		if st.attemptedAt != nil {
-			since = fmt.Sprintf(", the oldest %s ago", now.Sub(*st.attemptedAt).Round(time.Second))
-		}
-		whose := fmt.Sprintf("none holds shard %d: start a worker for it", st.shard)
-		if h, ok := holder[st.shard]; ok {
-			whose = fmt.Sprintf("held by %s, which has not handed them back: is it stuck, or an older release?", h)
-		}
-		parts = append(parts, fmt.Sprintf("shard %d: %s attempted by %s%s (%s)", st.shard, plural(st.old, "running job"), orDash(st.client), since, whose))
+	return strays, young
+}
+
+// describe says what st is and what to do about it.
+func (st stray) describe(now time.Time, holder map[int]string) string {
+	since := ""
+	if st.attemptedAt != nil {
+		since = fmt.Sprintf(", the oldest %s ago", now.Sub(*st.attemptedAt).Round(time.Second))
 	}
-	r.add(name, false, "running jobs not attempted by their shard's holder, for more than %s: %s; the shard's holder hands them back within one renewal (%s)",
-		2*renew, strings.Join(parts, "; "), renew)
+	whose := fmt.Sprintf("none holds shard %d: start a worker for it", st.shard)
+	if h, ok := holder[st.shard]; ok {
+		whose = fmt.Sprintf("held by %s, which has not handed them back: is it stuck, or an older release?", h)
+	}
+	return fmt.Sprintf("shard %d: %s attempted by %s%s (%s)", st.shard, plural(st.old, "running job"), orDash(st.client), since, whose)
 }
 
 // doctorReconcilers checks that every kind of dirty key has a reconciler

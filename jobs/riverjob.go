@@ -1,0 +1,547 @@
+package jobs
+
+// Every statement of the module that reads or writes River's river_job table
+// (or casts to its river_job_state type) is in this file, built from named
+// constants and River's exported defaults (river.MaxAttemptsDefault,
+// river.PriorityDefault), never from literals, so that riverjob_test.go can
+// check them all against River's schema and defaults.
+//
+// One convention: a statement that its caller composes with its own (queued in
+// a batch, extended with a WHERE, scanned into the caller's types) is exported
+// as a constant named …SQL, its parameters in its doc; a statement whose result
+// is plain (a count, a flag, an id, queue names) is run by a function here,
+// which takes the querier explicitly and ends in Tx when it is only correct in
+// the caller's transaction.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/bettercompute/bettercompute/platform/pg"
+)
+
+// liveStatesSQL are the River states of a job that will still run, as an SQL
+// list.
+const liveStatesSQL = `('available', 'pending', 'running', 'scheduled', 'retryable')`
+
+// --- Dirty and Requeue (jobs/reconcile.go) ---
+
+// dirtySQL upserts the key's row and, when the key has no row yet, inserts its
+// River job in the same statement (the job id is drawn from River's sequence
+// first, so the row knows it). It returns whether the row is new, its job and that
+// job's state as this statement's snapshot sees it. A job due in ScheduledAfter
+// or later is scheduled, a sooner one available.
+//
+// $1 kind, $2 key, $3 key hash, $4 delay (s), $5 River scheduled_at, $6 args, $7 tags.
+var dirtySQL = fmt.Sprintf(`
+WITH d AS (
+    INSERT INTO compute_dirty AS d (kind, key, shard, gen, not_before, job_id)
+    VALUES ($1, $2, ($3::bigint %% (SELECT shard_count FROM compute_settings))::int, 1,
+            compute_now() + make_interval(secs => $4), nextval('river_job_id_seq'))
+    ON CONFLICT (kind, key) DO UPDATE
+       SET gen = d.gen + 1,
+           not_before = LEAST(d.not_before, EXCLUDED.not_before)
+    RETURNING (xmax = 0) AS inserted, d.job_id, d.shard, d.not_before,
+              -- compute_now() is stable within the statement: equal means ours won
+              d.not_before = compute_now() + make_interval(secs => $4) AS earlier
+), j AS (
+    INSERT INTO river_job (id, args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata)
+    SELECT d.job_id, $6::jsonb, '%s', %d, %d, '%s' || d.shard, $5,
+           CASE WHEN $4 >= %g THEN 'scheduled' ELSE 'available' END::river_job_state, $7::varchar(255)[], '{}'
+    FROM d WHERE d.inserted
+    RETURNING id
+)
+SELECT d.inserted, d.job_id, d.earlier,
+       CASE WHEN d.inserted THEN 'available' ELSE (SELECT r.state::text FROM river_job r WHERE r.id = d.job_id) END
+FROM d`, ReconcileKind, river.MaxAttemptsDefault, river.PriorityDefault, ShardQueuePrefix, ScheduledAfter.Seconds())
+
+// jobStateSQL reads a job's state as text: $1 id. Dirty reads it again when
+// dirtySQL's snapshot could not see the job.
+const jobStateSQL = `SELECT state::text FROM river_job WHERE id = $1`
+
+// moveEarlierSQL moves a waiting job earlier (never a running one): $1 id, $2
+// its new scheduled_at, $3 whether it is due sooner than ScheduledAfter (it
+// becomes available). The earlier not-before of Dirty wins.
+const moveEarlierSQL = `
+UPDATE river_job SET scheduled_at = LEAST(scheduled_at, $2),
+       state = CASE WHEN $3 THEN 'available'::river_job_state ELSE state END
+WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable', 'pending') AND scheduled_at > $2`
+
+// requeueSQL inserts a new River job for a key that has a dirty row, scheduled at
+// the row's not_before, and records it on the row: $1 kind, $2 key, $3 args, $4
+// now, $5 tags.
+var requeueSQL = fmt.Sprintf(`
+WITH d AS (
+    SELECT kind, key, shard, greatest(extract(epoch FROM not_before - compute_now()), 0) AS delay
+    FROM compute_dirty WHERE kind = $1 AND key = $2 FOR UPDATE
+), j AS (
+    INSERT INTO river_job (args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata)
+    SELECT $3::jsonb, '%s', %d, %d, '%s' || d.shard,
+           $4::timestamptz + make_interval(secs => d.delay),
+           CASE WHEN d.delay >= %g THEN 'scheduled' ELSE 'available' END::river_job_state,
+           $5::varchar(255)[], '{}'
+    FROM d
+    RETURNING id
+)
+UPDATE compute_dirty c SET job_id = j.id FROM j WHERE c.kind = $1 AND c.key = $2`,
+	ReconcileKind, river.MaxAttemptsDefault, river.PriorityDefault, ShardQueuePrefix, ScheduledAfter.Seconds())
+
+// --- Fences and hand-backs of worker processes (workers) ---
+
+// FenceJobSQL locks the job's own row with this attempt: $1 id, $2 attempt. No row
+// means the attempt is stale (the job was handed back, rescued or cancelled).
+// workers.Fence queues it in one batch with the lease's fence.
+const FenceJobSQL = `SELECT 1 FROM river_job WHERE id = $1 AND attempt = $2 AND state = 'running' FOR UPDATE`
+
+// handBackShardJobsSQL: see HandBackShardJobs. $1 lease names, $2 epochs, $3
+// queues (aligned), $4 this owner, $5 the time for the errors entry, $6 when, $7
+// the ids this process works, $8 OwnAfter (s).
+const handBackShardJobsSQL = `
+WITH fence AS (
+    SELECT r.queue FROM compute_leases l
+    JOIN unnest($1::text[], $2::bigint[], $3::text[]) AS r(name, epoch, queue)
+      ON l.name = r.name AND l.epoch = r.epoch
+    WHERE l.owner = $4 AND l.expires_at > compute_now()
+    FOR KEY SHARE OF l
+), stray AS (
+    SELECT j.id FROM river_job j
+    WHERE j.state = 'running' AND j.queue = ANY(ARRAY(SELECT queue FROM fence))
+      AND (j.attempted_by[array_length(j.attempted_by, 1)] IS DISTINCT FROM $4
+           OR (j.id <> ALL($7::bigint[]) AND j.attempted_at < $5::timestamptz - make_interval(secs => $8)))
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE river_job j SET state = 'available',
+       errors = array_append(j.errors, jsonb_build_object(
+           'at', $5::timestamptz, 'attempt', j.attempt,
+           'error', 'handed back by ' || $4 || ', the holder of ' || j.queue || ', ' || $6 || ': '
+                    || CASE WHEN j.attempted_by[array_length(j.attempted_by, 1)] = $4
+                            THEN 'its own attempt ended without a recorded outcome'
+                            ELSE 'the attempt of ' || coalesce(j.attempted_by[array_length(j.attempted_by, 1)], 'nobody') || ' is fenced'
+                       END,
+           'trace', ''))
+FROM stray WHERE j.id = stray.id
+RETURNING j.queue`
+
+// HandBackParams are HandBackShardJobs's parameters.
+type HandBackParams struct {
+	// Leases, Epochs and Queues are aligned: each shard lease this process
+	// holds, its epoch and its shard's queue.
+	Leases []string
+	Epochs []int64
+	Queues []string
+	// Owner is this process (the leases' owner).
+	Owner string
+	// At is the time of the errors entry.
+	At time.Time
+	// When says when the hand-back happens, for the errors entry ("at its
+	// takeover", "after a lease round").
+	When string
+	// Working are the ids of the jobs this process's goroutines run.
+	Working []int64
+	// OwnAfter: a running job of Owner's own that it does not work, attempted
+	// more than OwnAfter before At, is handed back too.
+	OwnAfter time.Duration
+}
+
+// HandBackShardJobs hands back, for each shard lease it is given, the running
+// jobs of that shard's queue that another client attempted: their attempts are
+// fenced (the lease's epoch moved on, or it was never theirs), and River alone
+// would leave them running for an hour. It also hands back the owner's own
+// running jobs that it is not working (p.Working lists those it runs) and
+// attempted more than p.OwnAfter ago: attempts whose outcome River's completer
+// could not record (the database restarted under them). The statement is fenced
+// by the leases themselves, so a holder that lost a lease hands back nothing of
+// that shard, and it skips rows locked by a transaction still in flight (the
+// next round takes them). It returns the queue of each job handed back. The
+// worker runtime calls it at a takeover, in the transaction that acquires the
+// lease, and after every lease round.
+func HandBackShardJobs(ctx context.Context, db pg.DBTX, p *HandBackParams) ([]string, error) {
+	rows, err := db.Query(ctx, handBackShardJobsSQL, p.Leases, p.Epochs, p.Queues, p.Owner, p.At, p.When,
+		p.Working, p.OwnAfter.Seconds())
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// handBackOwnRunningSQL: see HandBackOwnRunning. $1 queues, $2 owner.
+const handBackOwnRunningSQL = `UPDATE river_job SET state = 'available'
+WHERE queue = ANY($1) AND state = 'running' AND attempted_by[array_length(attempted_by, 1)] = $2`
+
+// HandBackOwnRunning returns to their queue the running jobs of queues last
+// attempted by owner: whatever a stopping worker process still runs, in the
+// shard queues it holds. It returns how many it handed back.
+func HandBackOwnRunning(ctx context.Context, db pg.DBTX, queues []string, owner string) (int64, error) {
+	tag, err := db.Exec(ctx, handBackOwnRunningSQL, queues, owner)
+	return tag.RowsAffected(), err
+}
+
+// handBackEarlierSQL: see HandBackEarlierIncarnation. $1 the maintenance queue,
+// $2 identity, $3 this owner, $4 the time for the errors entry.
+const handBackEarlierSQL = `
+UPDATE river_job j SET state = 'available',
+       errors = array_append(j.errors, jsonb_build_object(
+           'at', $4::timestamptz, 'attempt', j.attempt,
+           'error', 'handed back by ' || $3 || ' at its start: the attempt of '
+                    || j.attempted_by[array_length(j.attempted_by, 1)] || ', an earlier incarnation of its identity, ended with that process',
+           'trace', ''))
+WHERE j.state = 'running' AND j.queue = $1
+  AND starts_with(j.attempted_by[array_length(j.attempted_by, 1)], $2 || '#')
+  AND j.attempted_by[array_length(j.attempted_by, 1)] <> $3`
+
+// HandBackEarlierIncarnation returns to the MaintenanceQueue, now instead of
+// after River's rescue delay, the running jobs there that an earlier
+// incarnation of identity attempted (owners identity#…, other than owner), with
+// why in their errors at at. A worker process calls it when it took its
+// identity over. It returns how many it handed back.
+func HandBackEarlierIncarnation(ctx context.Context, db pg.DBTX, identity, owner string, at time.Time) (int64, error) {
+	tag, err := db.Exec(ctx, handBackEarlierSQL, MaintenanceQueue, identity, owner, at)
+	return tag.RowsAffected(), err
+}
+
+// --- Batched reconciles (workers/reconcile.go) ---
+
+// ClaimReconcileSQL marks up to $4 due, waiting reconcile jobs of reconciler $3
+// in queue $1 as running under this process ($2 now), as River's own fetch does,
+// in a short transaction fenced by the shard lease ($5 name, $6 owner, $7
+// epoch): their rows are locked only until it commits, and a takeover waits for
+// it. It returns each job's id, attempt and key.
+const ClaimReconcileSQL = `
+WITH fence AS (
+    SELECT 1 FROM compute_leases
+    WHERE name = $5 AND owner = $6 AND epoch = $7 AND expires_at > compute_now()
+    FOR KEY SHARE
+), pick AS (
+    SELECT j.id FROM river_job j
+    WHERE j.state = 'available' AND j.queue = $1 AND j.scheduled_at <= $2 AND j.kind = '` + ReconcileKind + `'
+      AND j.args->>'reconciler' = $3 AND EXISTS (SELECT 1 FROM fence)
+    ORDER BY j.priority, j.scheduled_at, j.id
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE river_job j SET state = 'running', attempt = j.attempt + 1, attempted_at = $2,
+       attempted_by = array_append(j.attempted_by, $6)
+WHERE j.id = ANY(ARRAY(SELECT id FROM pick)) AND j.state = 'available'
+RETURNING j.id, j.attempt, j.args->>'key'`
+
+// giveBackClaimedSQL: see GiveBackClaimed. $1 ids, $2 attempts (aligned), $3
+// the time for the errors entry, $4 why.
+const giveBackClaimedSQL = `
+UPDATE river_job j SET state = 'available',
+       errors = array_append(j.errors, jsonb_build_object('at', $3::timestamptz, 'attempt', j.attempt,
+           'error', 'the batch it was taken into failed: ' || $4, 'trace', ''))
+WHERE j.id = ANY($1) AND j.state = 'running'
+  AND j.attempt = ($2::int[])[array_position($1::bigint[], j.id)]`
+
+// GiveBackClaimed returns claimed jobs (ids, with their attempts aligned) that
+// were not completed to their queue, with why in their errors at at, as the
+// takeover hand-back does. A job no longer running that attempt is left alone.
+// It returns how many it gave back.
+func GiveBackClaimed(ctx context.Context, db pg.DBTX, ids []int64, attempts []int, at time.Time, why string) (int64, error) {
+	tag, err := db.Exec(ctx, giveBackClaimedSQL, ids, attempts, at, why)
+	return tag.RowsAffected(), err
+}
+
+// fenceClaimedSQL: see FenceClaimedTx. $1 ids, $2 attempts (aligned).
+const fenceClaimedSQL = `SELECT j.id FROM river_job j
+			WHERE j.id = ANY($1) AND j.state = 'running' AND j.attempt = ($2::int[])[array_position($1::bigint[], j.id)]
+			ORDER BY j.id FOR UPDATE`
+
+// FenceClaimedTx locks, in tx, the rows of the claimed jobs (ids, with their
+// attempts aligned) still running that attempt, in id order, and returns their
+// ids: each is fenced like a job's own (FenceJobSQL); one missing is stale.
+func FenceClaimedTx(ctx context.Context, tx pgx.Tx, ids []int64, attempts []int) ([]int64, error) {
+	rows, err := tx.Query(ctx, fenceClaimedSQL, ids, attempts)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+// completeClaimedSQL: see CompleteClaimedTx. $1 ids, $2 attempts (aligned), $3
+// finalized_at.
+const completeClaimedSQL = `
+UPDATE river_job j SET state = 'completed', finalized_at = $3
+WHERE j.id = ANY($1) AND j.state = 'running'
+  AND j.attempt = ($2::int[])[array_position($1::bigint[], j.id)]
+RETURNING j.id`
+
+// CompleteClaimedTx completes, in tx, the claimed jobs (ids, with their attempts
+// aligned) still running under their attempt (their rows are locked by
+// FenceClaimedTx: nobody can hand them back meanwhile), finalized at at. If tx
+// rolls back, so does this. It returns how many it completed.
+func CompleteClaimedTx(ctx context.Context, tx pgx.Tx, ids []int64, attempts []int, at time.Time) (int64, error) {
+	tag, err := tx.Exec(ctx, completeClaimedSQL, ids, attempts, at)
+	return tag.RowsAffected(), err
+}
+
+// --- Queue metrics (workers/metrics.go) ---
+
+// countUnfinishedSQL: see CountUnfinished.
+const countUnfinishedSQL = `SELECT queue, state::text, count(*) FROM river_job
+		WHERE state IN ('available', 'scheduled', 'retryable', 'running', 'pending') GROUP BY 1, 2`
+
+// QueueCount is the number of jobs of one queue in one state.
+type QueueCount struct {
+	Queue string
+	State string
+	Jobs  int64
+}
+
+// CountUnfinished counts the jobs not yet finished (available, scheduled,
+// retryable, running, pending) by queue and state, in no order.
+func CountUnfinished(ctx context.Context, db pg.DBTX) ([]QueueCount, error) {
+	rows, err := db.Query(ctx, countUnfinishedSQL)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (QueueCount, error) {
+		var c QueueCount
+		err := row.Scan(&c.Queue, &c.State, &c.Jobs)
+		return c, err
+	})
+}
+
+// --- Backfills (workers/backfill) ---
+
+// BackfillProgressSQL reads the backfills with their batch job as River has it
+// now, one row per backfill with the columns of backfill.Progress; the caller
+// appends its WHERE or ORDER BY (b is compute_backfills).
+const BackfillProgressSQL = `
+SELECT b.name, b.state, b.epoch, b.batches, b.rows_done, b.last_batch_at, b.last_batch_rows,
+       b.last_batch_ms, b.rows_estimate, b.estimated_at, b.rate, b.rate_at, b.job_id, b.errors,
+       b.last_error, b.last_error_at, b.started_at, b.finished_at, b.created_at, b.updated_at,
+       j.state::text AS job_state, j.attempt AS job_attempt, j.max_attempts AS job_max_attempts,
+       j.scheduled_at AS job_scheduled_at, compute_now() AS now
+FROM compute_backfills b LEFT JOIN river_job j ON j.id = b.job_id`
+
+// BackfillLockSQL locks the row of backfill $1 FOR UPDATE (not its job's) and
+// returns its state, epoch, batches, job id and that job's state as text (NULL
+// when the job is gone).
+const BackfillLockSQL = `
+SELECT b.state, b.epoch, b.batches, b.job_id,
+       (SELECT j.state::text FROM river_job j WHERE j.id = b.job_id)
+FROM compute_backfills b WHERE b.name = $1 FOR UPDATE OF b`
+
+// cancelWaitingSQL: see CancelWaitingTx. $1 id, $2 finalized_at and the time
+// of the errors entry, $3 why.
+const cancelWaitingSQL = `
+WITH j AS (
+    SELECT id FROM river_job
+    WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable', 'pending')
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE river_job r SET state = 'cancelled', finalized_at = $2,
+    errors = array_append(r.errors, jsonb_build_object('at', $2::timestamptz, 'attempt', r.attempt, 'error', $3::text, 'trace', ''))
+FROM j WHERE r.id = j.id`
+
+// CancelWaitingTx cancels, in tx, the job id if it is waiting to run, with why
+// in its errors at at. It skips a job whose row is locked (being fetched, or
+// running): a backfill holding its own row must not wait for its job's, which
+// its batch transaction locks first. It returns how many it cancelled (0 or 1).
+func CancelWaitingTx(ctx context.Context, tx pgx.Tx, id int64, at time.Time, why string) (int64, error) {
+	tag, err := tx.Exec(ctx, cancelWaitingSQL, id, at, why)
+	return tag.RowsAffected(), err
+}
+
+// insertBackfillSQL: see InsertBackfillTx. $1 args, $2 kind, $3 max_attempts,
+// $4 queue, $5 scheduled_at, $6 state, $7 tags.
+var insertBackfillSQL = fmt.Sprintf(`
+INSERT INTO river_job (args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata)
+VALUES ($1::jsonb, $2, $3, %d, $4, $5, $6::river_job_state, $7::varchar(255)[], '{}')
+RETURNING id`, river.PriorityDefault)
+
+// InsertBackfillTx inserts the backfill job args in tx into queue (the shard
+// queue of BackfillShardKey), tagged BackfillTag, with River's default priority
+// and attempts (its backoff spreads them over about three weeks), to run after
+// delay, and returns its id. A job due further out than ScheduledAfter is
+// 'scheduled' (River makes it available when due); a nearer one is 'available'
+// with its scheduled_at in the future, as River's own retries are, so the fetch
+// picks it up on time. If tx rolls back, so does the job.
+func InsertBackfillTx(ctx context.Context, tx pgx.Tx, args Backfill, queue string, delay time.Duration) (int64, error) {
+	enc, err := json.Marshal(args)
+	if err != nil {
+		return 0, err
+	}
+	state := "available"
+	if delay > ScheduledAfter {
+		state = "scheduled"
+	}
+	var id int64
+	err = tx.QueryRow(ctx, insertBackfillSQL, string(enc), args.Kind(), river.MaxAttemptsDefault, queue,
+		time.Now().Add(delay), state, []string{BackfillTag}).Scan(&id)
+	return id, err
+}
+
+// --- Outbox (domain/outbox, workers/outbox) ---
+
+// DueSinksSQL returns the name and last recorded job of the sinks among $1
+// that are not paused, have a visible event after their cursor, and have no
+// live delivery job: the ones whose next delivery must be started. One
+// statement, an index probe per sink.
+const DueSinksSQL = `
+SELECT s.name, s.job_id FROM compute_sinks s
+WHERE s.name = ANY($1::text[]) AND NOT s.paused
+  AND NOT EXISTS (SELECT 1 FROM river_job j WHERE j.id = s.job_id AND j.state IN ` + liveStatesSQL + `)
+  AND EXISTS (SELECT 1 FROM compute_events e
+              WHERE e.txid < pg_snapshot_xmin(pg_current_snapshot())
+                AND (e.txid, e.seq) > (s.cursor_txid, s.cursor_seq))`
+
+// handBackStaleSinkJobsSQL: see HandBackStaleSinkJobs. $1 sink names, $2 kind,
+// $3 the time for the errors entry, $4 startedBefore.
+const handBackStaleSinkJobsSQL = `
+UPDATE river_job j SET state = 'available',
+       errors = array_append(j.errors, jsonb_build_object(
+           'at', $3::timestamptz, 'attempt', j.attempt,
+           'error', 'handed back: the sink lease ' || 'sink/' || s.name || ' expired while the job was running',
+           'trace', ''))
+FROM compute_sinks s
+WHERE j.id = s.job_id AND s.name = ANY($1::text[]) AND j.kind = $2 AND j.state = 'running'
+  AND j.attempted_at < $4::timestamptz
+  AND NOT EXISTS (SELECT 1 FROM compute_leases l
+                  WHERE l.name = 'sink/' || s.name AND l.expires_at > compute_now())`
+
+// HandBackStaleSinkJobs returns to the queue the running delivery jobs (of
+// kind) of sinks among names that started before startedBefore and whose sink
+// lease nobody holds unexpired, with why in their errors at at: their process
+// died (or paused past its lease), and River would otherwise wait an hour to
+// rescue them. A paused process that wakes up is fenced: its lease epoch and
+// job attempt are no longer current. It returns how many it handed back.
+func HandBackStaleSinkJobs(ctx context.Context, db pg.DBTX, names []string, kind string, at, startedBefore time.Time) (int64, error) {
+	tag, err := db.Exec(ctx, handBackStaleSinkJobsSQL, names, kind, at, startedBefore)
+	return tag.RowsAffected(), err
+}
+
+// outboxDispatchWaitingSQL: see OutboxDispatchWaitingTx. $1 queue, $2 kind, $3
+// dispatcher.
+const outboxDispatchWaitingSQL = `SELECT EXISTS (SELECT 1 FROM river_job
+WHERE state = 'available' AND queue = $1 AND kind = $2 AND args->>'dispatcher' = $3)`
+
+// OutboxDispatchWaitingTx reports, in tx, whether an OutboxDispatch job of
+// dispatcher is waiting to start in the MaintenanceQueue: a dispatcher's Notify
+// inserts another only when none is.
+func OutboxDispatchWaitingTx(ctx context.Context, tx pgx.Tx, dispatcher string) (bool, error) {
+	var waiting bool
+	err := tx.QueryRow(ctx, outboxDispatchWaitingSQL, MaintenanceQueue, OutboxDispatchKind, dispatcher).Scan(&waiting)
+	return waiting, err
+}
+
+// --- Doctor (cmd/better-compute) ---
+
+// countWaitingInShardQueuesSQL: see CountWaitingInShardQueues.
+var countWaitingInShardQueuesSQL = `SELECT queue, count(*) FROM river_job WHERE state = 'available' AND queue LIKE '` +
+	strings.ReplaceAll(ShardQueuePrefix, "_", `\_`) + `%' GROUP BY 1`
+
+// CountWaitingInShardQueues counts the available jobs of each shard queue (a
+// queue named ShardQueuePrefix…) that has any.
+func CountWaitingInShardQueues(ctx context.Context, db pg.DBTX) (map[string]int, error) {
+	rows, err := db.Query(ctx, countWaitingInShardQueuesSQL)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var q string
+		var n int
+		if err := rows.Scan(&q, &n); err != nil {
+			return nil, err
+		}
+		out[q] = n
+	}
+	return out, rows.Err()
+}
+
+// countRunningLongerSQL: see CountRunningLonger. $1 the age (s).
+const countRunningLongerSQL = `SELECT count(*), min(attempted_at) FROM river_job
+		WHERE state = 'running' AND attempted_at < compute_now() - make_interval(secs => $1)`
+
+// CountRunningLonger counts the jobs running for longer than d by compute_now(),
+// and returns when the oldest of them was attempted (nil when none is).
+func CountRunningLonger(ctx context.Context, db pg.DBTX, d time.Duration) (int, *time.Time, error) {
+	var n int
+	var oldest *time.Time
+	err := db.QueryRow(ctx, countRunningLongerSQL, d.Seconds()).Scan(&n, &oldest)
+	return n, oldest, err
+}
+
+// countRunningSQL: see CountRunning.
+const countRunningSQL = `SELECT count(*) FROM river_job WHERE state = 'running'`
+
+// CountRunning counts the running jobs.
+func CountRunning(ctx context.Context, db pg.DBTX) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, countRunningSQL).Scan(&n)
+	return n, err
+}
+
+// dueByQueueSQL: see DueByQueue.
+const dueByQueueSQL = `SELECT queue, count(*), extract(epoch FROM compute_now() - min(scheduled_at))
+		FROM river_job WHERE state IN ('available', 'retryable') AND scheduled_at <= compute_now() GROUP BY 1 ORDER BY 2 DESC`
+
+// QueueDepth is the jobs of one queue due by compute_now(): how many, and how
+// long the oldest has been due.
+type QueueDepth struct {
+	Queue  string
+	Jobs   int
+	Oldest time.Duration
+}
+
+// DueByQueue returns the depth of each queue with jobs due (available or
+// retryable, scheduled by compute_now()), the deepest first.
+func DueByQueue(ctx context.Context, db pg.DBTX) ([]QueueDepth, error) {
+	rows, err := db.Query(ctx, dueByQueueSQL)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (QueueDepth, error) {
+		var d QueueDepth
+		var secs float64
+		err := row.Scan(&d.Queue, &d.Jobs, &secs)
+		d.Oldest = time.Duration(secs * float64(time.Second))
+		return d, err
+	})
+}
+
+// runningByAttempterSQL groups the running jobs of shard queues by queue and by
+// the client that last attempted them; $1 is the cut-off before which an attempt
+// is old.
+const runningByAttempterSQL = `
+SELECT queue, coalesce(attempted_by[array_length(attempted_by, 1)], ''),
+       count(*), count(*) FILTER (WHERE attempted_at IS NULL OR attempted_at < $1), min(attempted_at)
+FROM river_job
+WHERE state = 'running' AND queue ~ '^` + ShardQueuePrefix + `[0-9]+$'
+GROUP BY 1, 2`
+
+// RunningGroup is the running jobs of one shard queue last attempted by one
+// client ("" for none).
+type RunningGroup struct {
+	Queue  string
+	Client string
+	// Jobs is how many run; Old how many of them were attempted before the
+	// cut-off (or never).
+	Jobs, Old int
+	// OldestAttempt is when the oldest of them was attempted.
+	OldestAttempt *time.Time
+}
+
+// RunningByAttempter groups the running jobs of shard queues by queue and by
+// the client that last attempted them, counting those attempted before
+// oldBefore.
+func RunningByAttempter(ctx context.Context, db pg.DBTX, oldBefore time.Time) ([]RunningGroup, error) {
+	rows, err := db.Query(ctx, runningByAttempterSQL, oldBefore)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (RunningGroup, error) {
+		var g RunningGroup
+		err := row.Scan(&g.Queue, &g.Client, &g.Jobs, &g.Old, &g.OldestAttempt)
+		return g, err
+	})
+}

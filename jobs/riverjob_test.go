@@ -1,0 +1,359 @@
+package jobs
+
+import (
+	"context"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// riverJobStatements are every statement of riverjob.go, by name: each must
+// prepare against River's schema as migrated.
+func riverJobStatements() map[string]string {
+	return map[string]string{
+		"dirtySQL":                     dirtySQL,
+		"jobStateSQL":                  jobStateSQL,
+		"moveEarlierSQL":               moveEarlierSQL,
+		"requeueSQL":                   requeueSQL,
+		"FenceJobSQL":                  FenceJobSQL,
+		"handBackShardJobsSQL":         handBackShardJobsSQL,
+		"handBackOwnRunningSQL":        handBackOwnRunningSQL,
+		"handBackEarlierSQL":           handBackEarlierSQL,
+		"ClaimReconcileSQL":            ClaimReconcileSQL,
+		"giveBackClaimedSQL":           giveBackClaimedSQL,
+		"fenceClaimedSQL":              fenceClaimedSQL,
+		"completeClaimedSQL":           completeClaimedSQL,
+		"countUnfinishedSQL":           countUnfinishedSQL,
+		"BackfillProgressSQL (Get)":    BackfillProgressSQL + ` WHERE b.name = $1`,
+		"BackfillProgressSQL (List)":   BackfillProgressSQL + ` ORDER BY b.name`,
+		"BackfillLockSQL":              BackfillLockSQL,
+		"cancelWaitingSQL":             cancelWaitingSQL,
+		"insertBackfillSQL":            insertBackfillSQL,
+		"DueSinksSQL":                  DueSinksSQL,
+		"handBackStaleSinkJobsSQL":     handBackStaleSinkJobsSQL,
+		"outboxDispatchWaitingSQL":     outboxDispatchWaitingSQL,
+		"countWaitingInShardQueuesSQL": countWaitingInShardQueuesSQL,
+		"countRunningLongerSQL":        countRunningLongerSQL,
+		"countRunningSQL":              countRunningSQL,
+		"dueByQueueSQL":                dueByQueueSQL,
+		"runningByAttempterSQL":        runningByAttempterSQL,
+	}
+}
+
+// TestEveryStatementIsChecked: every …SQL declared in riverjob.go is in
+// riverJobStatements, so a new statement cannot skip the checks below.
+func TestEveryStatementIsChecked(t *testing.T) {
+	t.Parallel()
+	f, err := parser.ParseFile(token.NewFileSet(), "riverjob.go", nil, 0)
+	require.NoError(t, err)
+	checked := map[string]bool{}
+	for name := range riverJobStatements() {
+		name, _, _ = strings.Cut(name, " (")
+		checked[name] = true
+	}
+	n := 0
+	for _, d := range f.Decls {
+		g, ok := d.(*ast.GenDecl)
+		if !ok || (g.Tok != token.CONST && g.Tok != token.VAR) {
+			continue
+		}
+		for _, spec := range g.Specs {
+			for _, id := range spec.(*ast.ValueSpec).Names {
+				if strings.HasSuffix(id.Name, "SQL") && id.Name != "liveStatesSQL" { // a fragment, checked within DueSinksSQL
+					n++
+					require.True(t, checked[id.Name], "%s is not in riverJobStatements", id.Name)
+				}
+			}
+		}
+	}
+	require.Equal(t, len(checked), n, "riverJobStatements names a statement riverjob.go does not declare")
+}
+
+// TestRiverJobSchema fails when River's schema changes under our statements:
+// every column they name, with the type they assume; every state they use;
+// the sequence Dirty draws job ids from.
+func TestRiverJobSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+
+	rows, err := db.Query(ctx, `SELECT a.attname::text, format_type(a.atttypid, a.atttypmod)
+FROM pg_attribute a WHERE a.attrelid = 'river_job'::regclass AND a.attnum > 0 AND NOT a.attisdropped`)
+	require.NoError(t, err)
+	cols := map[string]string{}
+	for rows.Next() {
+		var name, typ string
+		require.NoError(t, rows.Scan(&name, &typ))
+		cols[name] = typ
+	}
+	require.NoError(t, rows.Err())
+	for col, typ := range map[string]string{
+		"id":           "bigint",
+		"args":         "jsonb",
+		"kind":         "text",
+		"max_attempts": "smallint",
+		"priority":     "smallint",
+		"queue":        "text",
+		"scheduled_at": "timestamp with time zone",
+		"state":        "river_job_state",
+		"tags":         "character varying(255)[]",
+		"metadata":     "jsonb",
+		"attempt":      "smallint",
+		"attempted_at": "timestamp with time zone",
+		"attempted_by": "text[]",
+		"errors":       "jsonb[]",
+		"finalized_at": "timestamp with time zone",
+	} {
+		require.Equal(t, typ, cols[col], "river_job.%s", col)
+	}
+
+	var labels []string
+	require.NoError(t, db.QueryRow(ctx, `SELECT array_agg(enumlabel::text) FROM pg_enum
+WHERE enumtypid = 'river_job_state'::regtype`).Scan(&labels))
+	require.Subset(t, labels, []string{"available", "cancelled", "completed", "pending", "retryable", "running", "scheduled"})
+
+	// Dirty draws the id of its job from the sequence of River's id column.
+	var seq *string
+	require.NoError(t, db.QueryRow(ctx, `SELECT pg_get_serial_sequence('river_job', 'id')`).Scan(&seq))
+	require.NotNil(t, seq, "river_job.id has no sequence")
+	var ownSeq string
+	require.NoError(t, db.QueryRow(ctx, `SELECT $1::regclass::text`, *seq).Scan(&ownSeq))
+	require.Equal(t, "river_job_id_seq", ownSeq)
+}
+
+// TestRiverJobStatementsPrepare: every statement parses and plans against the
+// migrated schema, so a renamed column, table, type or state fails here.
+func TestRiverJobStatementsPrepare(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	conn, err := db.Acquire(ctx)
+	require.NoError(t, err)
+	t.Cleanup(conn.Release)
+	for name, sql := range riverJobStatements() {
+		t.Run(name, func(t *testing.T) {
+			// Parse and describe only, outside a transaction: nothing runs,
+			// and one failure does not hide the next.
+			_, err := conn.Conn().PgConn().Prepare(ctx, "", sql, nil)
+			require.NoError(t, err, "%s does not prepare against River's schema:\n%s", name, sql)
+		})
+	}
+}
+
+// TestRiverDefaults: a job River inserts with default options has the
+// attempts, priority and queue River exports, and the jobs our statements
+// insert match it, in the shard queue jobs promises.
+func TestRiverDefaults(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+
+	type job struct {
+		ID          int64
+		MaxAttempts int
+		Priority    int
+		Queue       string
+		State       string
+		Tags        []string
+	}
+	read := func(t *testing.T, where string, args ...any) job {
+		t.Helper()
+		var j job
+		require.NoError(t, db.QueryRow(ctx, `SELECT id, max_attempts, priority, queue, state::text, tags FROM river_job WHERE `+where, args...).
+			Scan(&j.ID, &j.MaxAttempts, &j.Priority, &j.Queue, &j.State, &j.Tags))
+		return j
+	}
+	inTx := func(t *testing.T, fn func(tx pgx.Tx) error) {
+		t.Helper()
+		require.NoError(t, pg.InTx(ctx, db.Pool, nil, fn))
+	}
+
+	var riverID int64
+	inTx(t, func(tx pgx.Tx) error {
+		res, err := InsertTx(ctx, tx, Reconcile{Reconciler: "item", Key: "by-river"}, nil)
+		if err == nil {
+			riverID = res.Job.ID
+		}
+		return err
+	})
+	byRiver := read(t, `id = $1`, riverID)
+	require.Equal(t, river.MaxAttemptsDefault, byRiver.MaxAttempts)
+	require.Equal(t, river.PriorityDefault, byRiver.Priority)
+	require.Equal(t, river.QueueDefault, byRiver.Queue)
+
+	// Dirty: now (available) and later than ScheduledAfter (scheduled), each in
+	// its key's shard queue.
+	inTx(t, func(tx pgx.Tx) error {
+		if err := Dirty(ctx, tx, "item", "now", nil); err != nil {
+			return err
+		}
+		return Dirty(ctx, tx, "item", "later", &DirtyOpts{Delay: ScheduledAfter + time.Minute})
+	})
+	for key, state := range map[string]string{"now": "available", "later": "scheduled"} {
+		j := read(t, `kind = $1 AND args->>'key' = $2`, ReconcileKind, key)
+		require.Equal(t, byRiver.MaxAttempts, j.MaxAttempts, key)
+		require.Equal(t, byRiver.Priority, j.Priority, key)
+		require.Equal(t, ShardQueue(ShardOf(key, pgtest.DefaultShardCount)), j.Queue, "SQL and Go disagree on the shard of %q", key)
+		require.Equal(t, state, j.State, key)
+		require.Equal(t, []string{"item"}, j.Tags, key)
+	}
+
+	// Requeue, once the job of "now" is gone.
+	db.MustExec(t, `DELETE FROM river_job WHERE kind = $1 AND args->>'key' = 'now'`, ReconcileKind)
+	inTx(t, func(tx pgx.Tx) error { return Requeue(ctx, tx, "item", "now") })
+	j := read(t, `kind = $1 AND args->>'key' = 'now'`, ReconcileKind)
+	require.Equal(t, []any{byRiver.MaxAttempts, byRiver.Priority, ShardQueue(ShardOf("now", pgtest.DefaultShardCount)), "available"},
+		[]any{j.MaxAttempts, j.Priority, j.Queue, j.State})
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_dirty WHERE key = 'now' AND job_id = $1`, j.ID))
+
+	// A backfill batch.
+	var soon, late int64
+	inTx(t, func(tx pgx.Tx) error {
+		var err error
+		if soon, err = InsertBackfillTx(ctx, tx, Backfill{Name: "fill", Epoch: 1}, ShardQueue(3), 0); err != nil {
+			return err
+		}
+		late, err = InsertBackfillTx(ctx, tx, Backfill{Name: "fill", Epoch: 1, Batch: 1}, ShardQueue(3), ScheduledAfter+time.Second)
+		return err
+	})
+	for id, state := range map[int64]string{soon: "available", late: "scheduled"} {
+		j := read(t, `id = $1`, id)
+		require.Equal(t, job{ID: id, MaxAttempts: byRiver.MaxAttempts, Priority: byRiver.Priority, Queue: "shard_3", State: state, Tags: []string{BackfillTag}}, j)
+	}
+}
+
+// TestRiverJobFunctions runs every function of riverjob.go on jobs in the
+// states it looks for.
+func TestRiverJobFunctions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	queue := ShardQueue(ShardOf("k", pgtest.DefaultShardCount))
+	inTx := func(t *testing.T, fn func(tx pgx.Tx) error) {
+		t.Helper()
+		require.NoError(t, pg.InTx(ctx, db.Pool, nil, fn))
+	}
+	// run marks job id running, attempted by owner at.
+	run := func(t *testing.T, id int64, owner string, at time.Duration) {
+		t.Helper()
+		db.MustExec(t, `UPDATE river_job SET state = 'running', attempt = attempt + 1,
+attempted_at = clock_timestamp() - make_interval(secs => $2), attempted_by = array_append(attempted_by, $3) WHERE id = $1`,
+			id, at.Seconds(), owner)
+	}
+
+	inTx(t, func(tx pgx.Tx) error { return Dirty(ctx, tx, "item", "k", nil) })
+	waiting, err := CountWaitingInShardQueues(ctx, db)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{queue: 1}, waiting)
+	depths, err := DueByQueue(ctx, db)
+	require.NoError(t, err)
+	require.Len(t, depths, 1)
+	require.Equal(t, queue, depths[0].Queue)
+	require.Equal(t, 1, depths[0].Jobs)
+	counts, err := CountUnfinished(ctx, db)
+	require.NoError(t, err)
+	require.Equal(t, []QueueCount{{Queue: queue, State: "available", Jobs: 1}}, counts)
+
+	// Running for ten minutes under w#1.
+	var id int64
+	require.NoError(t, db.QueryRow(ctx, `SELECT job_id FROM compute_dirty WHERE key = 'k'`).Scan(&id))
+	run(t, id, "w#1", 10*time.Minute)
+	n, err := CountRunning(ctx, db)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	n, oldest, err := CountRunningLonger(ctx, db, 5*time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.NotNil(t, oldest)
+	n, _, err = CountRunningLonger(ctx, db, time.Hour)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	groups, err := RunningByAttempter(ctx, db, time.Now().Add(-time.Minute))
+	require.NoError(t, err)
+	require.Len(t, groups, 1)
+	require.Equal(t, RunningGroup{Queue: queue, Client: "w#1", Jobs: 1, Old: 1, OldestAttempt: groups[0].OldestAttempt}, groups[0])
+	require.NotNil(t, groups[0].OldestAttempt)
+
+	// A batch fences and completes it; a stale attempt is not fenced.
+	inTx(t, func(tx pgx.Tx) error {
+		fenced, err := FenceClaimedTx(ctx, tx, []int64{id}, []int{2})
+		require.NoError(t, err)
+		require.Empty(t, fenced)
+		fenced, err = FenceClaimedTx(ctx, tx, []int64{id}, []int{1})
+		require.NoError(t, err)
+		require.Equal(t, []int64{id}, fenced)
+		done, err := CompleteClaimedTx(ctx, tx, []int64{id}, []int{1}, time.Now())
+		require.NoError(t, err)
+		require.EqualValues(t, 1, done)
+		return nil
+	})
+
+	// Hand-backs: each returns a running job to available.
+	back := func(t *testing.T, owner string, fn func() (int64, error)) {
+		t.Helper()
+		db.MustExec(t, `UPDATE river_job SET state = 'available', finalized_at = NULL WHERE id = $1`, id)
+		run(t, id, owner, time.Hour)
+		n, err := fn()
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+		require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE id = $1 AND state = 'available'`, id))
+	}
+	back(t, "w#1", func() (int64, error) { return HandBackOwnRunning(ctx, db, []string{queue}, "w#1") })
+	back(t, "w#1", func() (int64, error) {
+		return GiveBackClaimed(ctx, db, []int64{id}, []int{3}, time.Now(), "a test")
+	})
+	back(t, "w#1", func() (int64, error) {
+		db.MustExec(t, `INSERT INTO compute_leases (name, owner, epoch, expires_at) VALUES ('shard/x', 'w#2', 7, compute_now() + interval '1 hour')`)
+		queues, err := HandBackShardJobs(ctx, db, &HandBackParams{Leases: []string{"shard/x"}, Epochs: []int64{7}, Queues: []string{queue},
+			Owner: "w#2", At: time.Now(), When: "in a test", Working: []int64{}, OwnAfter: time.Minute})
+		return int64(len(queues)), err
+	})
+	db.MustExec(t, `UPDATE river_job SET queue = $2 WHERE id = $1`, id, MaintenanceQueue)
+	back(t, "ident#1", func() (int64, error) { return HandBackEarlierIncarnation(ctx, db, "ident", "ident#2", time.Now()) })
+	stale, err := HandBackStaleSinkJobs(ctx, db, []string{"nosuch"}, OutboxDeliverKind, time.Now(), time.Now())
+	require.NoError(t, err)
+	require.Zero(t, stale)
+
+	// A waiting dispatch job, and a waiting job cancelled.
+	var dispatchID int64
+	inTx(t, func(tx pgx.Tx) error {
+		res, err := InsertTx(ctx, tx, OutboxDispatch{Dispatcher: "d"}, &river.InsertOpts{Queue: MaintenanceQueue})
+		require.NoError(t, err)
+		dispatchID = res.Job.ID
+		for name, want := range map[string]bool{"d": true, "e": false} {
+			waiting, err := OutboxDispatchWaitingTx(ctx, tx, name)
+			require.NoError(t, err)
+			require.Equal(t, want, waiting, name)
+		}
+		cancelled, err := CancelWaitingTx(ctx, tx, dispatchID, time.Now(), "a test")
+		require.NoError(t, err)
+		require.EqualValues(t, 1, cancelled)
+		return nil
+	})
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE id = $1 AND state = 'cancelled'`, dispatchID))
+}
+
+// TestShardOf: a key's shard is FNV-1a(key) mod the count, and its queue
+// shard_<n>, as the package doc promises (TestRiverDefaults checks that Dirty's
+// SQL agrees).
+func TestShardOf(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, uint32(0x811c9dc5), KeyHash(""))
+	require.Equal(t, uint32(0xe40c292c), KeyHash("a"))
+	require.Equal(t, 0xe40c292c%16, ShardOf("a", 16))
+	require.Equal(t, 0, ShardOf("a", 1))
+	require.Equal(t, "shard_0", ShardQueue(0))
+	require.Equal(t, "shard_12", ShardQueue(12))
+}
