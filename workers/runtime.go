@@ -21,6 +21,7 @@ import (
 	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/clock"
+	"github.com/bettercompute/bettercompute/platform/config"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/logging"
 	"github.com/bettercompute/bettercompute/platform/migrate"
@@ -44,13 +45,15 @@ type Options struct {
 	// Work false makes an insert-only client (serve uses one for River UI).
 	Work bool
 
-	LeaseTTL        time.Duration // default 15 s
-	LeaseRenew      time.Duration // default 5 s
-	StopGrace       time.Duration // default 10 s
-	PollInterval    time.Duration // default 100 ms
-	ResyncEvery     time.Duration // default 10 min
-	WorkersPerShard int           // default 8
-	// MaintenanceWorkers is the concurrency of the maintenance queue; default 8.
+	// Zero timings and counts take the defaults of platform/config
+	// (config.DefaultLeaseTTL, …), the same as the configuration's.
+	LeaseTTL        time.Duration
+	LeaseRenew      time.Duration
+	StopGrace       time.Duration
+	PollInterval    time.Duration
+	ResyncEvery     time.Duration
+	WorkersPerShard int
+	// MaintenanceWorkers is the concurrency of the maintenance queue.
 	MaintenanceWorkers int
 	// JobTimeout bounds one job's Work; default one minute (River's).
 	JobTimeout time.Duration
@@ -100,7 +103,7 @@ type queueOp struct {
 func ShardLease(n int) string { return "shard/" + strconv.Itoa(n) }
 
 func shardOfQueue(queue string) (int, bool) {
-	s, ok := strings.CutPrefix(queue, "shard_")
+	s, ok := strings.CutPrefix(queue, jobs.ShardQueuePrefix)
 	if !ok {
 		return 0, false
 	}
@@ -125,16 +128,16 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 	if o.Registry == nil {
 		o.Registry = NewRegistry()
 	}
-	o.LeaseTTL = cmpOr(o.LeaseTTL, 15*time.Second)
-	o.LeaseRenew = cmpOr(o.LeaseRenew, 5*time.Second)
-	o.StopGrace = cmpOr(o.StopGrace, 10*time.Second)
-	o.PollInterval = cmpOr(o.PollInterval, 100*time.Millisecond)
-	o.ResyncEvery = cmpOr(o.ResyncEvery, 10*time.Minute)
+	o.LeaseTTL = cmpOr(o.LeaseTTL, config.DefaultLeaseTTL)
+	o.LeaseRenew = cmpOr(o.LeaseRenew, config.DefaultLeaseRenew)
+	o.StopGrace = cmpOr(o.StopGrace, config.DefaultStopGrace)
+	o.PollInterval = cmpOr(o.PollInterval, config.DefaultPollInterval)
+	o.ResyncEvery = cmpOr(o.ResyncEvery, config.DefaultResyncEvery)
 	if o.WorkersPerShard <= 0 {
-		o.WorkersPerShard = 8
+		o.WorkersPerShard = config.DefaultWorkersPerShard
 	}
 	if o.MaintenanceWorkers <= 0 {
-		o.MaintenanceWorkers = 8
+		o.MaintenanceWorkers = config.DefaultMaintenanceWorkers
 	}
 	count, err := migrate.ShardCount(ctx, o.Pool)
 	if err != nil {
@@ -323,54 +326,16 @@ func (rt *Runtime) leaseForQueue(queue string) (lease.Lease, bool) {
 	return rt.keeper.Held(ShardLease(n))
 }
 
-// handBackSQL hands back, for each shard lease it is given, the running jobs of
-// that shard's queue that another client attempted: their attempts are fenced
-// (the lease's epoch moved on, or it was never theirs), and River alone would
-// leave them running for an hour. It also hands back this process's own running
-// jobs that it is not working (none of its goroutines runs them: $7 lists those
-// it runs) and attempted more than $8 seconds ago: attempts whose outcome River's
-// completer could not record (the database restarted under them). The statement
-// is fenced by the leases themselves, so a holder that lost a lease hands back
-// nothing of that shard, and it skips rows locked by a transaction still in
-// flight (the next round takes them). $1 lease names, $2 epochs, $3 queues
-// (aligned), $4 this owner, $5 the time for the errors entry, $6 when (at its
-// takeover, after a lease round).
-const handBackSQL = `
-WITH fence AS (
-    SELECT r.queue FROM compute_leases l
-    JOIN unnest($1::text[], $2::bigint[], $3::text[]) AS r(name, epoch, queue)
-      ON l.name = r.name AND l.epoch = r.epoch
-    WHERE l.owner = $4 AND l.expires_at > compute_now()
-    FOR KEY SHARE OF l
-), stray AS (
-    SELECT j.id FROM river_job j
-    WHERE j.state = 'running' AND j.queue = ANY(ARRAY(SELECT queue FROM fence))
-      AND (j.attempted_by[array_length(j.attempted_by, 1)] IS DISTINCT FROM $4
-           OR (j.id <> ALL($7::bigint[]) AND j.attempted_at < $5::timestamptz - make_interval(secs => $8)))
-    FOR UPDATE OF j SKIP LOCKED
-)
-UPDATE river_job j SET state = 'available',
-       errors = array_append(j.errors, jsonb_build_object(
-           'at', $5::timestamptz, 'attempt', j.attempt,
-           'error', 'handed back by ' || $4 || ', the holder of ' || j.queue || ', ' || $6 || ': '
-                    || CASE WHEN j.attempted_by[array_length(j.attempted_by, 1)] = $4
-                            THEN 'its own attempt ended without a recorded outcome'
-                            ELSE 'the attempt of ' || coalesce(j.attempted_by[array_length(j.attempted_by, 1)], 'nobody') || ' is fenced'
-                       END,
-           'trace', ''))
-FROM stray WHERE j.id = stray.id
-RETURNING j.queue`
-
 // ownStrayAfter is how long after its attempt began a running job of this
 // process's own that none of its goroutines works is taken for one whose outcome
 // was lost: well past River's fetch-to-work handoff and its completer's batching.
 const ownStrayAfter = 5 * time.Second
 
 // handBack returns to their queues the running jobs of the shards of ls that
-// another client attempted (see handBackSQL): at a takeover, in the transaction
-// that acquires the lease (the previous holder's jobs), and after every lease
-// round (a paused process that woke, fetched and died), so a shard's holder owns
-// every running job of its queue within one renewal interval.
+// another client attempted (see jobs.HandBackShardJobs): at a takeover, in the
+// transaction that acquires the lease (the previous holder's jobs), and after
+// every lease round (a paused process that woke, fetched and died), so a shard's
+// holder owns every running job of its queue within one renewal interval.
 func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, when string, ls ...lease.Lease) error {
 	names := make([]string, 0, len(ls))
 	epochs := make([]int64, 0, len(ls))
@@ -389,12 +354,10 @@ func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, when string, ls ...
 	if len(names) == 0 {
 		return nil
 	}
-	rows, err := db.Query(ctx, handBackSQL, names, epochs, queues, rt.owner, time.Now(), when,
-		rt.inFlightIDs(), max(rt.o.LeaseRenew, ownStrayAfter).Seconds())
-	if err != nil {
-		return fmt.Errorf("error handing back the running jobs of shards %v: %w", queues, err)
-	}
-	byQueue, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	byQueue, err := jobs.HandBackShardJobs(ctx, db, &jobs.HandBackParams{
+		Leases: names, Epochs: epochs, Queues: queues, Owner: rt.owner, At: time.Now(), When: when,
+		Working: rt.inFlightIDs(), OwnAfter: max(rt.o.LeaseRenew, ownStrayAfter),
+	})
 	if err != nil {
 		return fmt.Errorf("error handing back the running jobs of shards %v: %w", queues, err)
 	}
@@ -556,12 +519,11 @@ func (rt *Runtime) Stop(ctx context.Context) error {
 		queues := make([]string, 0, len(held))
 		for _, l := range held {
 			if n, ok := strings.CutPrefix(l.Name, "shard/"); ok {
-				queues = append(queues, "shard_"+n)
+				queues = append(queues, jobs.ShardQueuePrefix+n)
 			}
 		}
 		relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_, herr := rt.pool.Exec(relCtx, `UPDATE river_job SET state = 'available'
-WHERE queue = ANY($1) AND state = 'running' AND attempted_by[array_length(attempted_by, 1)] = $2`, queues, rt.owner)
+		_, herr := jobs.HandBackOwnRunning(relCtx, rt.pool, queues, rt.owner)
 		if herr != nil {
 			rt.log.Warn().Err(herr).Msg("could not hand back in-flight jobs; the next shard holder will")
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bettercompute/bettercompute/platform/clock"
+	"github.com/bettercompute/bettercompute/platform/config"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
@@ -19,8 +20,8 @@ import (
 type KeeperOptions struct {
 	DB    *pg.Pool
 	Owner string        // this process's unique owner id
-	TTL   time.Duration // default 15 s
-	Renew time.Duration // default 5 s; at most TTL/3
+	TTL   time.Duration // default config.DefaultLeaseTTL
+	Renew time.Duration // default TTL/3 (config.DefaultLeaseRenew for the default TTL); at most TTL/3
 	Log   zerolog.Logger
 	// Anchor is re-sampled at every renewal; nil makes a private one.
 	Anchor *clock.Anchor
@@ -67,7 +68,7 @@ const FailedRoundRetry = 100 * time.Millisecond
 // NewKeeper returns a keeper; call Run to start it.
 func NewKeeper(o KeeperOptions) *Keeper {
 	if o.TTL <= 0 {
-		o.TTL = 15 * time.Second
+		o.TTL = config.DefaultLeaseTTL
 	}
 	if o.Renew <= 0 {
 		o.Renew = o.TTL / 3
@@ -178,13 +179,27 @@ func (k *Keeper) nextWait() time.Duration {
 // can take it.
 func (k *Keeper) margin() time.Duration { return min(time.Second, k.o.TTL/10) }
 
-// Tick runs one acquire-and-renew round now (tests use it to avoid waiting).
-func (k *Keeper) Tick(ctx context.Context) { k.tick(ctx) }
-
+// tick runs one round, the way River's elector splits its loop into attempt
+// elect, keep leadership and resign: renew what is held, take what is wanted
+// and not held, re-sample the clock, then record the outcome and tell the
+// holder. Run schedules the next round (nextWait).
 func (k *Keeper) tick(ctx context.Context) {
+	held, toTake := k.roundNames()
+	renewed, lost, ok := k.renewHeld(ctx, held)
+	if !ok {
+		return
+	}
+	taken, others, unreachable := k.takeWanted(ctx, toTake)
+	k.sampleClock(ctx, unreachable)
+	acquired := k.record(renewed, lost, taken, others, unreachable)
+	k.announce(ctx, renewed, lost, acquired)
+}
+
+// roundNames splits the wanted names into the holdings to renew and the names
+// to take (sorted).
+func (k *Keeper) roundNames() (held []Lease, toTake []string) {
 	k.mu.Lock()
-	var toTake []string
-	held := make([]Lease, 0, len(k.held))
+	held = make([]Lease, 0, len(k.held))
 	for n := range k.want {
 		if l, ok := k.held[n]; ok {
 			held = append(held, l)
@@ -194,93 +209,113 @@ func (k *Keeper) tick(ctx context.Context) {
 	}
 	k.mu.Unlock()
 	slices.Sort(toTake)
+	return held, toTake
+}
 
-	// Renew what is held: a plain update of expires_at, which never waits for
-	// this process's own fenced transactions.
-	var renewed, lost []Lease
-	if len(held) > 0 {
-		got, err := Renew(ctx, k.o.DB, k.o.TTL, held...)
-		if err != nil {
-			if ctx.Err() == nil {
-				if fault.Has(err, fault.Unavailable) {
-					k.roundFailed(err, "lease renewal failed")
-				} else {
-					k.o.Log.Warn().Err(err).Msg("lease renewal failed")
-				}
+// renewHeld renews held: a plain update of expires_at, which never waits for
+// this process's own fenced transactions. It returns the renewed holdings and
+// those another owner took (lost). When the renewal fails, it declares lost the
+// holdings about to expire by this process's clock and returns ok false: the
+// round ends there.
+func (k *Keeper) renewHeld(ctx context.Context, held []Lease) (renewed, lost []Lease, ok bool) {
+	if len(held) == 0 {
+		return nil, nil, true
+	}
+	got, err := Renew(ctx, k.o.DB, k.o.TTL, held...)
+	if err != nil {
+		if ctx.Err() == nil {
+			if fault.Has(err, fault.Unavailable) {
+				k.roundFailed(err, "lease renewal failed")
+			} else {
+				k.o.Log.Warn().Err(err).Msg("lease renewal failed")
 			}
-			k.expireLocally()
-			return
 		}
-		renewed = got
-		still := map[string]bool{}
+		k.expireLocally()
+		return nil, nil, false
+	}
+	still := map[string]bool{}
+	for _, l := range got {
+		still[l.Name] = true
+	}
+	for _, l := range held {
+		if !still[l.Name] {
+			lost = append(lost, l)
+		}
+	}
+	return got, lost, true
+}
+
+// takeWanted takes toTake: the guarded upsert, waiting (at most one renewal
+// interval) for the previous holder's fenced transactions; the running jobs it
+// left are handed back in the same transaction (Taken). It returns the names
+// taken, those held by others, and whether the database could not be reached.
+func (k *Keeper) takeWanted(ctx context.Context, toTake []string) (taken, others []Lease, unreachable bool) {
+	if len(toTake) == 0 {
+		return nil, nil, false
+	}
+	err := pg.InTx(ctx, k.o.DB, nil, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", max(k.o.Renew.Milliseconds(), 1))); err != nil {
+			return err
+		}
+		got, err := AcquireMany(ctx, tx, toTake, k.o.Owner, k.o.TTL)
+		if err != nil {
+			return err
+		}
+		taken, others = taken[:0], others[:0]
 		for _, l := range got {
-			still[l.Name] = true
-		}
-		for _, l := range held {
-			if !still[l.Name] {
-				lost = append(lost, l)
+			if l.Owner != k.o.Owner {
+				others = append(others, l)
+				continue
 			}
-		}
-	}
-
-	// Take the rest: the guarded upsert, waiting (at most one renewal interval)
-	// for the previous holder's fenced transactions; the running jobs it left
-	// are handed back in the same transaction (Taken).
-	var taken []Lease
-	var others []Lease
-	unreachable := false
-	if len(toTake) > 0 {
-		err := pg.InTx(ctx, k.o.DB, nil, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", max(k.o.Renew.Milliseconds(), 1))); err != nil {
-				return err
-			}
-			got, err := AcquireMany(ctx, tx, toTake, k.o.Owner, k.o.TTL)
-			if err != nil {
-				return err
-			}
-			taken, others = taken[:0], others[:0]
-			for _, l := range got {
-				if l.Owner != k.o.Owner {
-					others = append(others, l)
-					continue
-				}
-				if k.o.Taken != nil {
-					if err := k.o.Taken(ctx, tx, l); err != nil {
-						return err
-					}
-				}
-				taken = append(taken, l)
-			}
-			return nil
-		})
-		if err != nil {
-			taken, others = nil, nil
-			if ctx.Err() == nil {
-				switch {
-				case pg.SQLState(err) == "55P03":
-					k.o.Log.Info().Strs("leases", toTake).Msg("takeover waits for the previous holder's transactions; retrying")
-				case fault.Has(pg.Translate(err), fault.Unavailable):
-					k.roundFailed(err, "lease acquisition failed")
-					unreachable = true
-				default:
-					k.o.Log.Warn().Err(err).Msg("lease acquisition failed")
+			if k.o.Taken != nil {
+				if err := k.o.Taken(ctx, tx, l); err != nil {
+					return err
 				}
 			}
+			taken = append(taken, l)
+		}
+		return nil
+	})
+	if err == nil {
+		return taken, others, false
+	}
+	if ctx.Err() == nil {
+		switch {
+		case pg.SQLState(err) == "55P03":
+			k.o.Log.Info().Strs("leases", toTake).Msg("takeover waits for the previous holder's transactions; retrying")
+		case fault.Has(pg.Translate(err), fault.Unavailable):
+			k.roundFailed(err, "lease acquisition failed")
+			unreachable = true
+		default:
+			k.o.Log.Warn().Err(err).Msg("lease acquisition failed")
 		}
 	}
+	return nil, nil, unreachable
+}
 
-	if err := k.o.Anchor.Sample(ctx, k.o.DB); err != nil && ctx.Err() == nil {
-		if fault.Has(err, fault.ClockSkew) {
-			k.o.Log.Error().Err(err).Msg("clock skew: fencing still holds (it uses the database clock), but fix this host's clock")
-		} else if k.failing > 0 || unreachable {
-			k.o.Log.Debug().Err(err).Msg("clock sample failed") // the outage is logged once above
-		} else {
-			k.o.Log.Warn().Err(err).Msg("clock sample failed")
-		}
+// sampleClock re-samples the clock anchor; unreachable says this round already
+// logged an outage.
+func (k *Keeper) sampleClock(ctx context.Context, unreachable bool) {
+	err := k.o.Anchor.Sample(ctx, k.o.DB)
+	if err == nil || ctx.Err() != nil {
+		return
 	}
+	if fault.Has(err, fault.ClockSkew) {
+		k.o.Log.Error().Err(err).Msg("clock skew: fencing still holds (it uses the database clock), but fix this host's clock")
+	} else if k.failing > 0 || unreachable {
+		k.o.Log.Debug().Err(err).Msg("clock sample failed") // the outage is logged once above
+	} else {
+		k.o.Log.Warn().Err(err).Msg("clock sample failed")
+	}
+}
 
-	var acquired []Lease
+// record applies a round's outcome to the keeper's state: it ends a run of
+// failed rounds, forgets lost holdings, stores renewed and taken ones that are
+// still wanted, and retries names held by others at their expiry. It returns
+// the holdings newly acquired.
+func (k *Keeper) record(renewed, lost, taken, others []Lease, unreachable bool) (acquired []Lease) {
 	k.mu.Lock()
+	defer k.mu.Unlock()
 	if k.failing > 0 && !unreachable {
 		k.o.Log.Info().Int("failed_rounds", k.failing).Msg("lease rounds reach the database again")
 		k.failing = 0
@@ -305,7 +340,12 @@ func (k *Keeper) tick(ctx context.Context) {
 			k.retry[l.Name] = l.ExpiresAt
 		}
 	}
-	k.mu.Unlock()
+	return acquired
+}
+
+// announce logs a round's losses and acquisitions and calls the holder's
+// OnLost, OnAcquired and Kept, outside the keeper's lock.
+func (k *Keeper) announce(ctx context.Context, renewed, lost, acquired []Lease) {
 	for _, l := range lost {
 		k.o.Log.Warn().Str("lease", l.Name).Int64("epoch", l.Epoch).Msg("lease lost: another owner took it")
 		if k.o.OnLost != nil {

@@ -107,7 +107,13 @@ func TestHeldTrustsNoExpiredHolding(t *testing.T) {
 	const ttl = 3 * time.Second // a margin of 300 ms
 	k := lease.NewKeeper(lease.KeeperOptions{DB: db.Pool, Owner: "k", TTL: ttl, Renew: ttl / 3})
 	k.Want("shard/0")
-	k.Tick(ctx) // one round, then no more: renewals have stopped
+	// Run until the lease is taken, then no more: renewals have stopped.
+	runCtx, stop := context.WithCancel(ctx)
+	stopped := make(chan struct{})
+	go func() { k.Run(runCtx); close(stopped) }()
+	require.Eventually(t, func() bool { _, held := k.Held("shard/0"); return held }, 5*time.Second, 5*time.Millisecond)
+	stop()
+	<-stopped
 	l, held := k.Held("shard/0")
 	require.True(t, held)
 	require.Equal(t, "k", l.Owner)

@@ -3,7 +3,8 @@
 // command-line flags of the same names (DATABASE_URL is --database-url).
 //
 // Validate returns INVALID_CONFIG naming the variable at fault. Help lists every
-// variable with its default, from the struct itself, so the list cannot go stale.
+// variable of the struct with its default, taken from Defaults (defaults.go), so
+// the list cannot go stale and every default is written once.
 package config
 
 import (
@@ -28,32 +29,33 @@ import (
 const Prefix = "BETTER_COMPUTE_"
 
 // Config is every setting of the binary. The env tag is the variable's name
-// after the prefix; help is its one-line description.
+// after the prefix; help is its one-line description. Defaults are in
+// defaults.go, not in tags.
 type Config struct {
 	DatabaseURL      string        `env:"DATABASE_URL" help:"PostgreSQL URL (postgres://…), or embedded:DIR / embedded:memory for a private cluster"`
-	DBMaxConns       int           `env:"DB_MAX_CONNS" envDefault:"20" help:"maximum connections in this process's pool"`
-	StatementTimeout time.Duration `env:"STATEMENT_TIMEOUT" envDefault:"15s" help:"statement timeout, SET LOCAL in every transaction"`
-	DBCancelRequests bool          `env:"DB_CANCEL_REQUESTS" envDefault:"false" help:"a cancelled statement sends a PostgreSQL cancel request instead of closing its connection (direct connections only: PgBouncer 1.18 can crash on cancel requests)"`
-	LogLevel         string        `env:"LOG_LEVEL" envDefault:"info" help:"trace, debug, info, warn or error"`
+	DBMaxConns       int           `env:"DB_MAX_CONNS" help:"maximum connections in this process's pool"`
+	StatementTimeout time.Duration `env:"STATEMENT_TIMEOUT" help:"statement timeout, SET LOCAL in every transaction"`
+	DBCancelRequests bool          `env:"DB_CANCEL_REQUESTS" help:"a cancelled statement sends a PostgreSQL cancel request instead of closing its connection (direct connections only: PgBouncer 1.18 can crash on cancel requests)"`
+	LogLevel         string        `env:"LOG_LEVEL" help:"trace, debug, info, warn or error"`
 	LogFormat        string        `env:"LOG_FORMAT" help:"json or console (default: console when stderr is a terminal, else json)"`
 	PGBin            string        `env:"PG_BIN" help:"directory of initdb and postgres for embedded: URLs (default: PATH, then /usr/lib/postgresql/*/bin)"`
 
-	ShardCount         int           `env:"SHARD_COUNT" envDefault:"16" help:"number of shards, fixed when the database is first migrated"`
-	Shards             string        `env:"SHARDS" envDefault:"all" help:"worker: shards to serve: all, a range 0-7, a list 1,3,5, or a mix 0-3,8"`
+	ShardCount         int           `env:"SHARD_COUNT" help:"number of shards, fixed when the database is first migrated"`
+	Shards             string        `env:"SHARDS" help:"worker: shards to serve: all, a range 0-7, a list 1,3,5, or a mix 0-3,8"`
 	WorkerID           string        `env:"WORKER_ID" help:"worker: this worker's stable identity; a restart with the same identity takes its shards back at once (default: HOST/SLOT, the lowest slot on this host no running worker holds)"`
 	MetricsListen      string        `env:"METRICS_LISTEN" help:"worker: address for /metrics and /healthz (default: off)"`
-	LeaseTTL           time.Duration `env:"LEASE_TTL" envDefault:"15s" help:"shard and sink lease lifetime"`
-	LeaseRenew         time.Duration `env:"LEASE_RENEW" envDefault:"5s" help:"lease renewal interval (less than a third of LEASE_TTL)"`
-	StopGrace          time.Duration `env:"STOP_GRACE" envDefault:"10s" help:"on SIGTERM, how long in-flight jobs may finish before they are cancelled and handed back"`
-	ResyncEvery        time.Duration `env:"RESYNC_INTERVAL" envDefault:"10m" help:"how often every reconciler re-enqueues all it owns"`
-	WorkersPerShard    int           `env:"WORKERS_PER_SHARD" envDefault:"8" help:"concurrent jobs per shard queue"`
-	MaintenanceWorkers int           `env:"MAINTENANCE_WORKERS" envDefault:"8" help:"worker: concurrent jobs of the better_compute queue (sink deliveries, dispatcher passes, resync, retention)"`
-	PollInterval       time.Duration `env:"POLL_INTERVAL" envDefault:"100ms" help:"how often River polls a queue for new jobs (River runs poll-only)"`
+	LeaseTTL           time.Duration `env:"LEASE_TTL" help:"shard and sink lease lifetime"`
+	LeaseRenew         time.Duration `env:"LEASE_RENEW" help:"lease renewal interval (less than a third of LEASE_TTL)"`
+	StopGrace          time.Duration `env:"STOP_GRACE" help:"on SIGTERM, how long in-flight jobs may finish before they are cancelled and handed back"`
+	ResyncEvery        time.Duration `env:"RESYNC_INTERVAL" help:"how often every reconciler re-enqueues all it owns"`
+	WorkersPerShard    int           `env:"WORKERS_PER_SHARD" help:"concurrent jobs per shard queue"`
+	MaintenanceWorkers int           `env:"MAINTENANCE_WORKERS" help:"worker: concurrent jobs of the better_compute queue (sink deliveries, dispatcher passes, resync, retention)"`
+	PollInterval       time.Duration `env:"POLL_INTERVAL" help:"how often River polls a queue for new jobs (River runs poll-only)"`
 
-	Listen       string `env:"LISTEN" envDefault:"127.0.0.1:8080" help:"serve: address to listen on (loopback unless credentials are set)"`
+	Listen       string `env:"LISTEN" help:"serve: address to listen on (loopback unless credentials are set)"`
 	AuthUser     string `env:"AUTH_USER" help:"serve: basic-auth user for River UI, the API and the event stream"`
 	AuthPassword string `env:"AUTH_PASSWORD" help:"serve: basic-auth password" secret:"true"`
-	ReadOnly     bool   `env:"READ_ONLY" envDefault:"false" help:"serve: refuse every state-changing request to River UI"`
+	ReadOnly     bool   `env:"READ_ONLY" help:"serve: refuse every state-changing request to River UI"`
 }
 
 // workerIDRe is lease.ValidIdentity's pattern (config does not import domain).
@@ -68,7 +70,9 @@ func Load(environ []string) (*Config, error) {
 			m[k] = v
 		}
 	}
-	c := &Config{}
+	// Start from the defaults: caarlos0/env leaves a field alone when its
+	// variable is unset or empty.
+	c := Defaults()
 	if err := env.ParseWithOptions(c, env.Options{Prefix: Prefix, Environment: m}); err != nil {
 		// Name the variable, not the Go field that caarlos0/env reports.
 		var pe env.ParseError
@@ -141,9 +145,11 @@ type Field struct {
 	value   reflect.Value
 }
 
-// Fields lists every variable of c in declaration order.
+// Fields lists every variable of c in declaration order. Default is the
+// variable's value in Defaults ("" for none), whatever c holds.
 func (c *Config) Fields() []Field {
 	v := reflect.ValueOf(c).Elem()
+	defaults := reflect.ValueOf(Defaults()).Elem()
 	t := v.Type()
 	out := make([]Field, 0, t.NumField())
 	for i := 0; i < t.NumField(); i++ {
@@ -155,7 +161,7 @@ func (c *Config) Fields() []Field {
 		out = append(out, Field{
 			Env:     Prefix + key,
 			Flag:    strings.ReplaceAll(strings.ToLower(key), "_", "-"),
-			Default: f.Tag.Get("envDefault"),
+			Default: formatDefault(defaults.Field(i)),
 			Help:    f.Tag.Get("help"),
 			Secret:  f.Tag.Get("secret") == "true",
 			value:   v.Field(i),
@@ -184,6 +190,23 @@ func (c *Config) PrintHelp(w io.Writer) {
 		fmt.Fprintf(tw, "  %s\t--%s\t%s\t%s\n", f.Env, f.Flag, def, f.Help)
 	}
 	_ = tw.Flush()
+}
+
+// formatDefault writes a default the way a user would set it: 10m rather than
+// time.Duration's 10m0s.
+func formatDefault(v reflect.Value) string {
+	d, ok := v.Interface().(time.Duration)
+	if !ok {
+		return fmt.Sprint(v.Interface())
+	}
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 type fieldValue struct{ v reflect.Value }

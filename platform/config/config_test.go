@@ -37,6 +37,12 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, 16, c.ShardCount)
 	require.Equal(t, 15*time.Second, c.LeaseTTL)
 	require.Equal(t, 5*time.Second, c.LeaseRenew)
+	require.Equal(t, config.Defaults(), c, "an empty environment is the defaults")
+
+	// A variable set to "" keeps its default, as an unset one does.
+	c, err = config.Load([]string{"BETTER_COMPUTE_LEASE_TTL=", "BETTER_COMPUTE_LOG_LEVEL=", "BETTER_COMPUTE_SHARD_COUNT="})
+	require.NoError(t, err)
+	require.Equal(t, config.Defaults(), c)
 
 	require.NoError(t, load(t).Validate(), "the defaults plus a URL are valid")
 
@@ -170,6 +176,9 @@ func TestPrintHelpListsEveryVariableWithItsDefault(t *testing.T) {
 		"BETTER_COMPUTE_LOG_LEVEL":         "info",
 		"BETTER_COMPUTE_LOG_FORMAT":        "-",
 		"BETTER_COMPUTE_PG_BIN":            "-",
+		"BETTER_COMPUTE_RESYNC_INTERVAL":   "10m",
+		"BETTER_COMPUTE_POLL_INTERVAL":     "100ms",
+		"BETTER_COMPUTE_READ_ONLY":         "false",
 	} {
 		line := regexp.MustCompile(`(?m)^\s+` + name + `\s+--\S+\s+` + regexp.QuoteMeta(def) + `\s+\S`)
 		require.Regexp(t, line, help, "%s with default %s", name, def)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/platform/embedded"
@@ -87,7 +88,7 @@ func helperCmd(t *testing.T, bin, dir, then string) *exec.Cmd {
 	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"=1", helperDirEnv+"="+dir, helperThenEnv+"="+then, "TMPDIR="+os.TempDir())
 	cmd.Dir = filepath.Dir(bin)
-	cmd.Stderr = &testWriter{t: t}
+	cmd.Stderr = zerolog.NewTestWriter(t)
 	return cmd
 }
 
@@ -109,13 +110,6 @@ func readReport(t *testing.T, r io.Reader) map[string]string {
 	}
 	t.Fatalf("helper ended before it was ready: %v (%v)", out, s.Err())
 	return nil
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w *testWriter) Write(p []byte) (int, error) {
-	w.t.Logf("helper: %s", bytes.TrimRight(p, "\n"))
-	return len(p), nil
 }
 
 // sharedDir returns a fresh directory that the server's unprivileged user can

@@ -42,9 +42,6 @@ func Slog(l zerolog.Logger) *slog.Logger {
 	return slog.New(zerolog.NewSlogHandler(l))
 }
 
-// Nop is a logger that writes nothing.
-func Nop() zerolog.Logger { return zerolog.Nop() }
-
 func init() {
 	zerolog.TimeFieldFormat = time.RFC3339Nano
 	zerolog.DurationFieldUnit = time.Millisecond

@@ -19,7 +19,9 @@ import (
 )
 
 // Fast are the intervals tests use: a 1.5 s lease renewed every 0.25 s, and River
-// polling every 20 ms.
+// polling every 20 ms, in place of the production defaults
+// (config.DefaultLeaseTTL, DefaultLeaseRenew, DefaultStopGrace,
+// DefaultPollInterval and DefaultWorkersPerShard in platform/config).
 var Fast = workers.Options{
 	LeaseTTL:        1500 * time.Millisecond,
 	LeaseRenew:      250 * time.Millisecond,
@@ -74,15 +76,7 @@ func Start(tb testing.TB, db *pg.Pool, reg *workers.Registry, o *workers.Options
 // Logger is a zerolog logger writing to tb.Log at warn level and above, so a
 // passing test is quiet and a failing one shows what went wrong.
 func Logger(tb testing.TB) zerolog.Logger {
-	return zerolog.New(zerolog.ConsoleWriter{Out: tlogWriter{tb}, NoColor: true}).Level(zerolog.WarnLevel).With().Timestamp().Logger()
-}
-
-type tlogWriter struct{ tb testing.TB }
-
-func (w tlogWriter) Write(p []byte) (int, error) {
-	w.tb.Helper()
-	w.tb.Log(string(p))
-	return len(p), nil
+	return zerolog.New(zerolog.ConsoleWriter{Out: zerolog.NewTestWriter(tb), NoColor: true}).Level(zerolog.WarnLevel).With().Timestamp().Logger()
 }
 
 // WaitFor polls cond every 10 ms until it is true or timeout passes, and fails
