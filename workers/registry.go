@@ -3,6 +3,7 @@ package workers
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -59,7 +60,7 @@ type Registry struct {
 	order       []string
 	onStart     []func(ctx context.Context, rt *Runtime) error
 	kinds       map[string]bool
-	ext         map[any]any
+	parts       map[reflect.Type]any // Use
 }
 
 // NewRegistry returns an empty registry with the built-in workers.
@@ -92,19 +93,34 @@ func AddWorkerArgs[T river.JobArgs](r *Registry, args T, w river.Worker[T]) {
 	river.AddWorkerArgs(r.workers, args, w)
 }
 
-// Extension returns the value a module keeps on r under key, made by init the
-// first time: a module's own registrations (its backfills, say), which its
-// workers and the CLI read back. Use an unexported key type of the module's own.
-func (r *Registry) Extension(key any, init func() any) any {
-	if r.ext == nil {
-		r.ext = map[any]any{}
+// Part is a module's machinery in a registry: a value holding the module's
+// options and what applications registered with it (the outbox's sinks and
+// dispatchers, the backfills, the quorum appliers). Install registers the
+// workers, periodic jobs and start hooks that work it; each carries the part
+// itself, the way a River worker carries its dependencies into river.AddWorker.
+// It is the one way a module keeps state per registry: no package variables.
+type Part interface {
+	Install(r *Registry) error
+}
+
+// Use returns r's part of type P, made by newP and installed the first time it
+// is asked for: every later call, from any module, gets the same value. It
+// returns Install's error (and keeps nothing) if the install fails.
+func Use[P Part](r *Registry, newP func() P) (P, error) {
+	key := reflect.TypeFor[P]()
+	if p, ok := r.parts[key]; ok {
+		return p.(P), nil
 	}
-	v, ok := r.ext[key]
-	if !ok {
-		v = init()
-		r.ext[key] = v
+	p := newP()
+	if err := p.Install(r); err != nil {
+		var zero P
+		return zero, err
 	}
-	return v
+	if r.parts == nil {
+		r.parts = map[reflect.Type]any{}
+	}
+	r.parts[key] = p
+	return p, nil
 }
 
 // Periodic registers a periodic job; River's elected leader enqueues it.
@@ -141,9 +157,3 @@ func (r *Registry) Reconciler(rec Reconciler) error {
 
 // Reconcilers returns the registered reconciler kinds in registration order.
 func (r *Registry) Reconcilers() []string { return append([]string(nil), r.order...) }
-
-// Dirty is jobs.Dirty: it marks key of reconciler kind dirty in the caller's
-// transaction.
-func Dirty(ctx context.Context, tx pgx.Tx, kind, key string, opts *jobs.DirtyOpts) error {
-	return jobs.Dirty(ctx, tx, kind, key, opts)
-}

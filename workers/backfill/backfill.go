@@ -109,16 +109,20 @@ func (b Backfill) Delay(rows int, took time.Duration) time.Duration {
 // Kind is the River job kind of b's batches: backfill_<name>.
 func (b Backfill) Kind() string { return jobs.Backfill{Name: b.Name}.Kind() }
 
-// set is what Register keeps on a registry.
+// set is the backfills of one registry (its workers.Part).
 type set struct {
 	byName map[string]Backfill
 	order  []string
 }
 
-type setKey struct{}
+func newSet() *set { return &set{byName: map[string]Backfill{}} }
+
+// Install implements workers.Part: each backfill's worker is added by Register.
+func (*set) Install(*workers.Registry) error { return nil }
 
 func setOf(r *workers.Registry) *set {
-	return r.Extension(setKey{}, func() any { return &set{byName: map[string]Backfill{}} }).(*set)
+	s, _ := workers.Use(r, newSet) // Install cannot fail
+	return s
 }
 
 // Register adds b to the registry: a River worker for its kind, and b to the

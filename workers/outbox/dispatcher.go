@@ -64,6 +64,10 @@ type Dispatcher[T any] struct {
 
 	mu  sync.Mutex
 	cur *passRun // the pass running in this process, if any
+
+	// beforeFinish, a test hook (nil outside tests), runs after a batch was
+	// published, before its end is written.
+	beforeFinish func(o dom.Outcome)
 }
 
 type passRun struct {
@@ -166,10 +170,7 @@ func (d *Dispatcher[T]) Notify(ctx context.Context, db pg.DBTX) error {
 
 func notify(ctx context.Context, db pg.DBTX, name string) error {
 	return pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
-		var waiting bool
-		err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM river_job
-WHERE state = 'available' AND queue = $1 AND kind = $2 AND args->>'dispatcher' = $3)`,
-			jobs.MaintenanceQueue, jobs.OutboxDispatchKind, name).Scan(&waiting)
+		waiting, err := jobs.OutboxDispatchWaitingTx(ctx, tx, name)
 		if err != nil || waiting {
 			return err
 		}
@@ -244,10 +245,6 @@ func (d *Dispatcher[T]) run(ctx context.Context, db pg.DBTX, log zerolog.Logger,
 	}
 }
 
-// testHookBeforeFinish runs (in tests) after a batch was published, before its
-// end is written.
-var testHookBeforeFinish func(name string, o dom.Outcome)
-
 // publishBatch publishes b: each key's rows in sequence order, up to
 // Concurrency keys at once. A failure holds back the rest of its key; the batch
 // deadline stops every key from starting another publish. Then it ends the batch.
@@ -303,8 +300,8 @@ func (d *Dispatcher[T]) publishBatch(ctx context.Context, db pg.DBTX, log zerolo
 		}()
 	}
 	wg.Wait()
-	if testHookBeforeFinish != nil {
-		testHookBeforeFinish(d.o.Name, out)
+	if d.beforeFinish != nil {
+		d.beforeFinish(out)
 	}
 	// End the batch even if ctx was cancelled (a stopping worker): published
 	// rows are deleted rather than published again.

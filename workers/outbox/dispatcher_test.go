@@ -285,8 +285,6 @@ func TestDispatcherBatchOutlivingClaimTimeoutStartsNoFurtherPublish(t *testing.T
 	db := newDB(t)
 	insertReports(t, db.Pool, 2, 2) // rows 1 (k1), 2 (k2), 3 (k1), 4 (k2)
 	var outcomes []dom.Outcome
-	testHookBeforeFinish = func(_ string, o dom.Outcome) { outcomes = append(outcomes, o) }
-	t.Cleanup(func() { testHookBeforeFinish = nil })
 	d := newStockDispatcher(t, DispatcherOptions[report]{ClaimTimeout: 300 * time.Millisecond, Concurrency: 1,
 		Publish: func(ctx context.Context, r report) error {
 			if r.Seq == 1 {
@@ -294,6 +292,7 @@ func TestDispatcherBatchOutlivingClaimTimeoutStartsNoFurtherPublish(t *testing.T
 			}
 			return nil
 		}})
+	d.beforeFinish = func(o dom.Outcome) { outcomes = append(outcomes, o) }
 	n, err := d.Reconcile(ctx, db.Pool)
 	require.NoError(t, err)
 	require.Equal(t, 4, n)

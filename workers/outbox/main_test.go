@@ -73,14 +73,15 @@ func runChild(mode, url string) int {
 		if err := RegisterSink(reg, Sink{Name: "s", Handle: recordReceived(db, "child")}); err != nil {
 			panic(err)
 		}
-		testHookAfterHandle = func(string, []Event) {
+		st := stateOf(reg)
+		st.afterHandle = func(string, []Event) {
 			say("HANDLED")
 			if mode == "sink-die" {
 				block()
 			}
 			_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
 		}
-		testHookAfterAdvance = func(_ string, err error) {
+		st.afterAdvance = func(_ string, err error) {
 			code := "OK"
 			if err != nil {
 				code = string(fault.CodeOf(err))
@@ -105,7 +106,7 @@ func runChild(mode, url string) int {
 		if err != nil {
 			panic(err)
 		}
-		testHookBeforeFinish = func(string, dom.Outcome) { say("PUBLISHED"); block() }
+		d.beforeFinish = func(dom.Outcome) { say("PUBLISHED"); block() }
 		_, _ = d.Reconcile(ctx, db)
 	}
 	return 3
@@ -140,7 +141,7 @@ func startChild(t *testing.T, mode string, db *pgtest.DB) *child {
 	r, w, err := os.Pipe()
 	require.NoError(t, err)
 	cmd.Stdin = r
-	cmd.Stderr = testWriter{t}
+	cmd.Stderr = zerolog.NewTestWriter(t)
 	require.NoError(t, cmd.Start())
 	r.Close()
 	c := &child{cmd: cmd, lines: make(chan string, 16), stdin: w}
@@ -184,13 +185,6 @@ func (c *child) kill9(t *testing.T) {
 	t.Helper()
 	require.NoError(t, c.cmd.Process.Signal(syscall.SIGKILL))
 	_ = c.cmd.Wait()
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log("child: " + strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
 
 // report is a row of the example table (testdata/outbox/stock_reports.sql).

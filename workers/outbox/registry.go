@@ -2,11 +2,9 @@ package outbox
 
 import (
 	"context"
-	"runtime"
 	"sort"
 	"sync"
 	"time"
-	"weak"
 
 	"github.com/riverqueue/river"
 
@@ -60,40 +58,28 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// state is the outbox machinery of one registry: its options, sinks and
-// dispatchers. Workers, the retention job and the start hook are registered
-// once per registry, by the first Install.
+// state is the outbox machinery of one registry (its workers.Part): its
+// options, sinks and dispatchers, which the workers it installs carry.
 type state struct {
 	mu          sync.Mutex
 	opts        Options
 	sinks       map[string]*Sink
 	dispatchers map[string]passer
 	busy        map[string]chan struct{} // per sink: held while a delivery runs in this process
+
+	// Test hooks (nil outside tests): after a sink handler returned, before the
+	// cursor moves; and after the fenced advance, with its result.
+	afterHandle  func(sink string, events []Event)
+	afterAdvance func(sink string, err error)
 }
 
-var (
-	statesMu sync.Mutex
-	states   = map[weak.Pointer[workers.Registry]]*state{}
-)
+func newState() *state {
+	return &state{opts: Options{}.withDefaults(), sinks: map[string]*Sink{}, dispatchers: map[string]passer{}, busy: map[string]chan struct{}{}}
+}
 
-// stateOf returns reg's state, installing the machinery on first use.
+// stateOf returns reg's outbox machinery, installing it on first use.
 func stateOf(reg *workers.Registry) *state {
-	wp := weak.Make(reg)
-	statesMu.Lock()
-	st, ok := states[wp]
-	if !ok {
-		st = &state{opts: Options{}.withDefaults(), sinks: map[string]*Sink{}, dispatchers: map[string]passer{}, busy: map[string]chan struct{}{}}
-		states[wp] = st
-		runtime.AddCleanup(reg, func(wp weak.Pointer[workers.Registry]) {
-			statesMu.Lock()
-			delete(states, wp)
-			statesMu.Unlock()
-		}, wp)
-	}
-	statesMu.Unlock()
-	if !ok {
-		st.install(reg)
-	}
+	st, _ := workers.Use(reg, newState) // Install cannot fail
 	return st
 }
 
@@ -126,7 +112,8 @@ func (st *state) options() Options {
 	return st.opts
 }
 
-func (st *state) install(reg *workers.Registry) {
+// Install implements workers.Part.
+func (st *state) Install(reg *workers.Registry) error {
 	workers.AddWorker(reg, &deliverWorker{st: st})
 	workers.AddWorker(reg, &retentionWorker{st: st})
 	workers.AddWorker(reg, &dispatchWorker{st: st})
@@ -135,6 +122,7 @@ func (st *state) install(reg *workers.Registry) {
 			return jobs.OutboxRetention{}, &river.InsertOpts{Queue: jobs.MaintenanceQueue, Tags: []string{"outbox"}}
 		}, nil))
 	reg.OnStart(st.start)
+	return nil
 }
 
 // retentionSchedule runs retention every RetentionEvery, read at each run so

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"github.com/rs/zerolog"
 
 	"github.com/bettercompute/bettercompute/domain/lease"
 	dom "github.com/bettercompute/bettercompute/domain/outbox"
@@ -145,13 +146,6 @@ func (st *state) startDelivery(ctx context.Context, rt *workers.Runtime, d dom.D
 	})
 }
 
-// Test hooks (nil outside tests): after a handler returned, before the cursor
-// moves; and after the fenced transaction, with its result.
-var (
-	testHookAfterHandle  func(sink string, events []Event)
-	testHookAfterAdvance func(sink string, err error)
-)
-
 // deliverWorker delivers the next batches of one sink: see jobs.OutboxDeliver.
 type deliverWorker struct {
 	river.WorkerDefaults[jobs.OutboxDeliver]
@@ -212,7 +206,6 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[jobs.OutboxDeli
 	defer unlock()
 
 	db, opts := rt.Pool(), rt.Options()
-	log := rt.Log().With().Str("component", "outbox").Str("sink", name).Logger()
 	l, err := lease.Acquire(ctx, db, dom.SinkLease(name), rt.Owner(), opts.LeaseTTL)
 	if fault.Has(err, fault.Conflict) {
 		return fault.Wrap(fault.Fenced, err, "sink %s is being delivered by another process", name)
@@ -221,111 +214,156 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[jobs.OutboxDeli
 		return err
 	}
 	ctx, stop := keepLease(ctx, rt, l)
-	released := false
+	d := &delivery{st: w.st, s: s, job: job, db: db, l: l,
+		log: rt.Log().With().Str("component", "outbox").Str("sink", name).Logger()}
 	defer func() {
 		stop()
-		if !released {
+		if !d.released {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			_ = lease.Release(rctx, db, l)
 			cancel()
 		}
 	}()
-	fenced := func(err error) error {
-		if cause := context.Cause(ctx); ctx.Err() != nil && fault.Has(cause, fault.Fenced) {
-			return fault.Wrap(fault.Fenced, err, "%v", cause)
-		}
-		return err
-	}
+	return d.run(ctx)
+}
 
-	from, err := dom.SinkCursor(ctx, db, name)
+// delivery is one delivery job's run, under the sink's lease l.
+type delivery struct {
+	st       *state
+	s        *Sink
+	job      *river.Job[jobs.OutboxDeliver]
+	db       *pg.Pool
+	l        lease.Lease
+	log      zerolog.Logger
+	released bool // the last advance released the lease
+}
+
+// run delivers batches from the cursor until the sink is caught up, a batch
+// comes back short, or the job's budget is spent.
+func (d *delivery) run(ctx context.Context) error {
+	from, err := dom.SinkCursor(ctx, d.db, d.s.Name)
 	if err != nil {
-		return fenced(err)
+		return d.fenced(ctx, err)
 	}
 	if from.Paused {
 		return nil // resume starts a new delivery
 	}
-	budget := time.Now().Add(min(sinkJobBudget, s.Timeout/2))
+	budget := time.Now().Add(min(sinkJobBudget, d.s.Timeout/2))
 	for {
-		events, next, scanned, err := dom.Read(ctx, db, dom.ReadOptions{After: from.Cursor, Limit: s.BatchSize, Topics: s.Topics})
+		events, next, scanned, err := dom.Read(ctx, d.db, dom.ReadOptions{After: from.Cursor, Limit: d.s.BatchSize, Topics: d.s.Topics})
 		if err != nil {
-			return fenced(err)
+			return d.fenced(ctx, err)
 		}
 		if scanned == 0 {
 			return nil // caught up: the next poll starts a new delivery
 		}
-		if len(events) > 0 {
-			if err := callHandler(ctx, s, events); err != nil {
-				err = fenced(err)
-				if !fault.Has(err, fault.Fenced) {
-					if rerr := dom.RecordSinkFailure(context.WithoutCancel(ctx), db, name, err.Error()); rerr != nil {
-						log.Warn().Err(rerr).Msg("outbox: cannot record the failure")
-					}
-					log.Warn().Err(err).Int("events", len(events)).Str("from", from.Cursor.String()).Int("attempt", job.Attempt).
-						Msg("outbox sink delivery failed; retried with backoff")
+		if err := d.handle(ctx, from, events); err != nil {
+			return err
+		}
+		more := scanned == d.s.BatchSize
+		if !more || !time.Now().Before(budget) {
+			return d.finish(ctx, from, next, len(events), more)
+		}
+		moved, err := d.advance(ctx, from, next, len(events))
+		if err != nil || !moved {
+			return err
+		}
+		from.Cursor = next
+	}
+}
+
+// fenced is err, FENCED when the lease was lost meanwhile.
+func (d *delivery) fenced(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); ctx.Err() != nil && fault.Has(cause, fault.Fenced) {
+		return fault.Wrap(fault.Fenced, err, "%v", cause)
+	}
+	return err
+}
+
+// handle calls the sink's handler with one batch, outside any transaction, and
+// records a failure on the sink (shown by sinks list).
+func (d *delivery) handle(ctx context.Context, from dom.SinkPosition, events []Event) error {
+	if len(events) > 0 {
+		if err := callHandler(ctx, d.s, events); err != nil {
+			err = d.fenced(ctx, err)
+			if !fault.Has(err, fault.Fenced) {
+				if rerr := dom.RecordSinkFailure(context.WithoutCancel(ctx), d.db, d.s.Name, err.Error()); rerr != nil {
+					d.log.Warn().Err(rerr).Msg("outbox: cannot record the failure")
 				}
-				return err
+				d.log.Warn().Err(err).Int("events", len(events)).Str("from", from.Cursor.String()).Int("attempt", d.job.Attempt).
+					Msg("outbox sink delivery failed; retried with backoff")
 			}
+			return err
 		}
-		if testHookAfterHandle != nil {
-			testHookAfterHandle(name, events)
+	}
+	if d.st.afterHandle != nil {
+		d.st.afterHandle(d.s.Name, events)
+	}
+	return nil
+}
+
+// advance moves the cursor past an intermediate batch in a transaction fenced by
+// the lease and the job's attempt. moved is false when the sink was reset
+// meanwhile: the delivery stops without moving it.
+func (d *delivery) advance(ctx context.Context, from dom.SinkPosition, next dom.Cursor, n int) (moved bool, err error) {
+	err = pg.InTx(ctx, d.db, nil, func(tx pgx.Tx) error {
+		if err := workers.Fence(ctx, tx, d.l, d.job.JobRow); err != nil {
+			return err
 		}
-		more := scanned == s.BatchSize
-		if more && time.Now().Before(budget) {
-			// An intermediate batch: fenced advance, then the next batch.
-			var moved bool
-			err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
-				if err := workers.Fence(ctx, tx, l, job.JobRow); err != nil {
-					return err
-				}
-				var err error
-				moved, err = dom.AdvanceSinkTx(ctx, tx, name, from, next, len(events))
-				return err
-			})
-			if err != nil {
-				err = fenced(err)
-				if testHookAfterAdvance != nil {
-					testHookAfterAdvance(name, err)
-				}
-				return err
-			}
-			if !moved {
-				log.Warn().Str("from", from.Cursor.String()).Msg("outbox: the sink was reset during the delivery; this delivery does not move the cursor")
-				return nil
-			}
-			from.Cursor = next
-			continue
-		}
-		err = workers.InTxLease(ctx, job, l, func(ctx context.Context, tx pgx.Tx) error {
-			moved, err := dom.AdvanceSinkTx(ctx, tx, name, from, next, len(events))
-			if err != nil {
-				return err
-			}
-			if !moved {
-				log.Warn().Str("from", from.Cursor.String()).Str("to", next.String()).Msg("outbox: the sink was reset during the delivery; this delivery does not move the cursor")
-			}
-			if err := lease.Release(ctx, tx, l); err != nil {
-				return err
-			}
-			if more && moved {
-				res, err := jobs.InsertTx(ctx, tx, jobs.OutboxDeliver{Sink: name}, deliverOpts())
-				if err != nil {
-					return err
-				}
-				return dom.SetSinkJobTx(ctx, tx, name, res.Job.ID)
-			}
-			return nil
-		})
-		if err != nil {
-			err = fenced(err)
-		}
-		if testHookAfterAdvance != nil {
-			testHookAfterAdvance(name, err)
-		}
+		var err error
+		moved, err = dom.AdvanceSinkTx(ctx, tx, d.s.Name, from, next, n)
+		return err
+	})
+	if err != nil {
+		err = d.fenced(ctx, err)
+		d.afterAdvance(err)
+		return false, err
+	}
+	if !moved {
+		d.log.Warn().Str("from", from.Cursor.String()).Msg("outbox: the sink was reset during the delivery; this delivery does not move the cursor")
+	}
+	return moved, nil
+}
+
+// finish is the last advance: in the fenced job transaction it moves the cursor,
+// releases the lease, starts the next job when more is pending, and completes
+// this one.
+func (d *delivery) finish(ctx context.Context, from dom.SinkPosition, next dom.Cursor, n int, more bool) error {
+	name := d.s.Name
+	err := workers.InTxLease(ctx, d.job, d.l, func(ctx context.Context, tx pgx.Tx) error {
+		moved, err := dom.AdvanceSinkTx(ctx, tx, name, from, next, n)
 		if err != nil {
 			return err
 		}
-		released = true
+		if !moved {
+			d.log.Warn().Str("from", from.Cursor.String()).Str("to", next.String()).Msg("outbox: the sink was reset during the delivery; this delivery does not move the cursor")
+		}
+		if err := lease.Release(ctx, tx, d.l); err != nil {
+			return err
+		}
+		if more && moved {
+			res, err := jobs.InsertTx(ctx, tx, jobs.OutboxDeliver{Sink: name}, deliverOpts())
+			if err != nil {
+				return err
+			}
+			return dom.SetSinkJobTx(ctx, tx, name, res.Job.ID)
+		}
 		return nil
+	})
+	if err != nil {
+		err = d.fenced(ctx, err)
+	}
+	d.afterAdvance(err)
+	if err != nil {
+		return err
+	}
+	d.released = true
+	return nil
+}
+
+func (d *delivery) afterAdvance(err error) {
+	if d.st.afterAdvance != nil {
+		d.st.afterAdvance(d.s.Name, err)
 	}
 }
 

@@ -38,10 +38,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"time"
-	"weak"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
@@ -67,11 +65,12 @@ type Options struct {
 	SimPoll time.Duration
 }
 
-// appliers are one registry's appliers. The apply worker is registered once
-// per registry and finds them here.
+// appliers are one registry's quorum machinery (its workers.Part): the
+// options and the appliers per batch kind, which the apply worker reads.
 type appliers struct {
-	mu sync.RWMutex
-	m  map[string]Applier
+	opts Options
+	mu   sync.RWMutex
+	m    map[string]Applier
 }
 
 func (a *appliers) get(kind string) Applier {
@@ -80,48 +79,36 @@ func (a *appliers) get(kind string) Applier {
 	return a.m[kind]
 }
 
-var (
-	registriesMu sync.Mutex
-	// registries maps a worker registry to its appliers without keeping the
-	// registry alive.
-	registries = map[weak.Pointer[workers.Registry]]*appliers{}
-)
-
-// ensure registers the quorum workers on reg once, and returns reg's appliers.
-func ensure(reg *workers.Registry, o *Options) *appliers {
-	registriesMu.Lock()
-	defer registriesMu.Unlock()
-	key := weak.Make(reg)
-	if a, ok := registries[key]; ok {
-		return a
-	}
-	var opts Options
-	if o != nil {
-		opts = *o
-	}
-	if opts.MaxSnooze <= 0 {
-		opts.MaxSnooze = time.Hour
-	}
-	if opts.SimPoll <= 0 {
-		opts.SimPoll = time.Second
-	}
-	a := &appliers{m: map[string]Applier{}}
-	registries[key] = a
-	runtime.AddCleanup(reg, func(k weak.Pointer[workers.Registry]) {
-		registriesMu.Lock()
-		delete(registries, k)
-		registriesMu.Unlock()
-	}, key)
+// Install implements workers.Part: the apply and expiry workers.
+func (a *appliers) Install(reg *workers.Registry) error {
 	workers.AddWorker(reg, &ApplyWorker{appliers: a})
-	workers.AddWorker(reg, &ExpiryWorker{maxSnooze: opts.MaxSnooze, simPoll: opts.SimPoll})
-	return a
+	workers.AddWorker(reg, &ExpiryWorker{maxSnooze: a.opts.MaxSnooze, simPoll: a.opts.SimPoll})
+	return nil
+}
+
+// partOf returns reg's quorum machinery, installing it with o (nil for the
+// defaults) the first time.
+func partOf(reg *workers.Registry, o *Options) (*appliers, error) {
+	return workers.Use(reg, func() *appliers {
+		var opts Options
+		if o != nil {
+			opts = *o
+		}
+		if opts.MaxSnooze <= 0 {
+			opts.MaxSnooze = time.Hour
+		}
+		if opts.SimPoll <= 0 {
+			opts.SimPoll = time.Second
+		}
+		return &appliers{opts: opts, m: map[string]Applier{}}
+	})
 }
 
 // Register adds the apply and expiry workers to reg (once: later calls, and
-// Handle, reuse them). o may be nil.
+// Handle, reuse them; the options of the first call stand). o may be nil.
 func Register(reg *workers.Registry, o *Options) error {
-	ensure(reg, o)
-	return nil
+	_, err := partOf(reg, o)
+	return err
 }
 
 // Handle registers the applier of batches of kind on reg (adding the quorum
@@ -134,7 +121,10 @@ func Handle(reg *workers.Registry, kind string, fn Applier) error {
 	if fn == nil {
 		return fault.New(fault.InvalidConfig, "quorum applier for %s is nil", kind)
 	}
-	a := ensure(reg, nil)
+	a, err := partOf(reg, nil)
+	if err != nil {
+		return err
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if _, dup := a.m[kind]; dup {
