@@ -64,7 +64,7 @@
 //     (Horizon.Lost). Start means "every retained event" and never loses any.
 //   - The SSE stream tells a client that resumes, or falls, behind the horizon
 //     with an "event: reset" record naming the horizon and the earliest stored
-//     event, then goes on after the horizon (see NewSSEHandler).
+//     event, then goes on after the horizon (see Tail; the HTTP handler is in package cli, events.go).
 //   - ResetSink refuses After(c) behind the horizon (INVALID_ARGUMENT). Prune
 //     locks the horizon row FOR UPDATE before its delete, and ResetSink holds it
 //     FOR SHARE while it moves the cursor: under read committed the delete's

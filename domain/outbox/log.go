@@ -146,7 +146,7 @@ type ReadOptions struct {
 const readSQL = readSelect + readFrom
 
 // readStreamSQL is readSQL that also returns, on every row, the retention
-// horizon in the read's own snapshot, for the SSE stream: an uncorrelated
+// horizon in the read's own snapshot, for Tail.Next: an uncorrelated
 // subquery (an init plan) that the server runs once, and only when the read
 // returns a row, so an idle poll costs nothing more.
 const readStreamSQL = readSelect + `,
