@@ -15,5 +15,5 @@ var FS embed.FS
 
 // Owners lists the built-in owners in the order their migrations run. River's
 // own schema (owner river) runs after core; platform/migrate inserts it. The demo
-// owner is not here: only dev registers it.
+// application's owners are not here: they live with it, in cmd/better-compute/demo.
 var Owners = []string{"core", "outbox", "backfill", "capacity", "quorum"}

@@ -1,9 +1,12 @@
 // Command better-compute runs durable background work on PostgreSQL: migrate,
-// worker, serve, doctor, dev and the operator verbs. It is cli.Main with no
-// application modules; an application builds its own binary the same way with
-// its modules (see the README).
+// worker, serve, doctor, dev and the operator verbs, with the demo application
+// (package demo) that dev shows. An application builds its own binary the same
+// way with its own modules, and none of the demo's (see the README).
 package main
 
-import "github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+import (
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/cmd/better-compute/demo"
+)
 
-func main() { cli.Main(cli.App{}) }
+func main() { cli.Main(cli.App{Modules: demo.Modules()}) }

@@ -54,6 +54,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/bettercompute/bettercompute/platform/config"
 	"github.com/bettercompute/bettercompute/platform/fault"
 )
 
@@ -143,7 +144,7 @@ func Open(ctx context.Context, o Options) (*Pool, error) {
 
 	p := &Pool{timeout: o.StatementTimeout, app: o.ApplicationName, check: check}
 	if p.timeout == 0 {
-		p.timeout = 15 * time.Second
+		p.timeout = config.DefaultStatementTimeout
 	}
 	p.beginSQL = beginSQL("", false, p.timeout, check, o.ApplicationName)
 
@@ -404,7 +405,9 @@ func SQLState(err error) string {
 // Translate gives a driver error a fault code, keeping it as the cause:
 // pgx.ErrNoRows is NOT_FOUND; exclusion, unique, serialization and deadlock
 // failures are CONFLICT; a dead connection or an unreachable server is
-// UNAVAILABLE; a refused login or a missing database is INVALID_CONFIG. An error that already carries a code, or nil, is returned as is.
+// UNAVAILABLE; a refused login, a missing database or a missing table (not
+// migrated) is INVALID_CONFIG. An error that already carries a code, or nil,
+// is returned as is.
 func Translate(err error) error {
 	if err == nil {
 		return nil
@@ -424,6 +427,9 @@ func Translate(err error) error {
 	case st == "28P01" || st == "28000":
 		// Wrong credentials are the deployment's configuration, not an outage.
 		return &fault.Error{Code: fault.InvalidConfig, Message: "the database refused the login (check the user and password of BETTER_COMPUTE_DATABASE_URL)", Err: err}
+	case st == "42P01":
+		// A table this build needs is missing: the database is not migrated.
+		return &fault.Error{Code: fault.InvalidConfig, Message: "a table is missing: run better-compute migrate", Err: err}
 	case st == "3D000":
 		return &fault.Error{Code: fault.InvalidConfig, Message: "the database does not exist", Err: err}
 	case strings.HasPrefix(st, "08") || strings.HasPrefix(st, "57P") || st == "53300":

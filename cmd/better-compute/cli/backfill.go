@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,62 +18,26 @@ import (
 	"github.com/bettercompute/bettercompute/workers/backfill"
 )
 
-func init() { commandSet = append(commandSet, backfillCommand) }
-
-// backfillCmd is the backfill command: the operator verbs over the backfills
-// this binary registers (workers/backfill).
-type backfillCmd struct {
+// backfillOpts are the backfill command's flags: the operator verbs over the
+// backfills this binary registers (workers/backfill).
+type backfillOpts struct {
 	watch    bool
 	every    time.Duration
 	progress string
-	demo     bool
-	fset     *flag.FlagSet
+	demo     bool // deprecated, no effect
 }
 
 const backfillUsage = "list | start NAME | pause NAME | resume NAME | cancel NAME | status NAME [--watch]"
 
-func backfillCommand() *command {
-	c := &backfillCmd{}
-	return &command{
-		name:    "backfill",
-		summary: "run and watch the backfills this binary registers: " + backfillUsage,
-		usage:   backfillUsage,
-		flags: func(fs *flag.FlagSet, s *Session) {
-			c.fset = fs
-			fs.BoolVar(&c.watch, "watch", false, "status: follow the backfill until it is done or cancelled")
-			fs.DurationVar(&c.every, "every", time.Second, "status --watch: how often to read the progress")
-			fs.StringVar(&c.progress, "progress", "auto", "status: bar, lines, or auto (a bar when stdout is a terminal)")
-			fs.BoolVar(&c.demo, "demo", false, "also know the demo backfills of better-compute dev (for the database dev runs)")
-		},
-		run: c.run,
-	}
+func (o *backfillOpts) bind(fs *flag.FlagSet) {
+	fs.BoolVar(&o.watch, "watch", false, "status: follow the backfill until it is done or cancelled")
+	fs.DurationVar(&o.every, "every", time.Second, "status --watch: how often to read the progress")
+	fs.StringVar(&o.progress, "progress", "auto", "status: bar, lines, or auto (a bar when stdout is a terminal)")
+	fs.BoolVar(&o.demo, "demo", false, "deprecated, no effect: the better-compute binary always knows its demo backfills")
 }
 
-// interspersed parses fs's flags wherever they stand among the arguments
-// (backfill status NAME --watch) and returns the positional ones.
-func interspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, usageErr("usage: backfill [flags] %s (see backfill --help)", backfillUsage)
-			}
-			return nil, usageErr("backfill: %v", err)
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return pos, nil
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
-	}
-}
-
-func (c *backfillCmd) run(ctx context.Context, s *Session, args []string) error {
-	args, err := interspersed(c.fset, args)
-	if err != nil {
-		return err
-	}
+// Validate checks the verb, its arguments and the flags.
+func (o *backfillOpts) Validate(args []string) error {
 	if len(args) == 0 {
 		return usageErr("backfill needs a verb: %s", backfillUsage)
 	}
@@ -91,22 +54,31 @@ func (c *backfillCmd) run(ctx context.Context, s *Session, args []string) error 
 	default:
 		return usageErr("backfill: unknown verb %q; want %s", verb, backfillUsage)
 	}
-	switch c.progress {
+	switch o.progress {
 	case "auto", "bar", "lines":
 	default:
-		return usageErr("backfill --progress %q: want auto, bar or lines", c.progress)
+		return usageErr("backfill --progress %q: want auto, bar or lines", o.progress)
 	}
-	if c.every <= 0 {
-		return usageErr("backfill --every %s: want a positive duration", c.every)
+	if o.every <= 0 {
+		return usageErr("backfill --every %s: want a positive duration", o.every)
 	}
+	return nil
+}
 
-	if c.demo {
-		for _, d := range demos {
-			if d.Module != nil {
-				s.extraModules = append(s.extraModules, d.Module())
-			}
-		}
+func backfillCommand() *command {
+	o := &backfillOpts{}
+	return &command{
+		name:    "backfill",
+		summary: "run and watch the backfills this binary registers: " + backfillUsage,
+		usage:   backfillUsage,
+		opts:    o,
+		run:     o.run,
 	}
+}
+
+// run runs one verb. A name must be one this binary registers: that is decided
+// before the database is touched.
+func (o *backfillOpts) run(ctx context.Context, s *Session, args []string) error {
 	if err := s.setup(); err != nil {
 		return err
 	}
@@ -114,11 +86,10 @@ func (c *backfillCmd) run(ctx context.Context, s *Session, args []string) error 
 	if err != nil {
 		return err
 	}
-	known := backfill.Registered(reg)
+	verb := args[0]
 	var b backfill.Backfill
 	if verb != "list" {
-		// Only what this binary registered: decided before touching the database.
-		if b, err = backfill.Lookup(reg, rest[0]); err != nil {
+		if b, err = backfill.Lookup(reg, args[1]); err != nil {
 			return err
 		}
 	}
@@ -129,17 +100,39 @@ func (c *backfillCmd) run(ctx context.Context, s *Session, args []string) error 
 	out := s.Env.Stdout
 	switch verb {
 	case "list":
-		return backfillList(ctx, out, db, known)
+		return backfillList(ctx, out, db, backfill.Registered(reg))
 	case "start":
-		p, err := backfill.Start(ctx, db, b)
-		if err != nil {
-			return err
+		return backfillStart(ctx, s, db, b)
+	case "pause", "resume", "cancel":
+		return backfillSteer(ctx, s, db, verb, b)
+	default: // status
+		bar := o.progress == "bar" || o.progress == "auto" && isTerminal(out)
+		if o.watch {
+			return watchBackfill(ctx, out, db, b, bar, o.every)
 		}
-		fmt.Fprintf(out, "started backfill %s (epoch %d, batches of %d rows)", b.Name, p.Epoch, b.BatchSize)
-		if left, ok := p.Left(); ok {
-			fmt.Fprintf(out, ": ~%d rows to go", left)
-		}
-		fmt.Fprintf(out, "\nwatch it: %s backfill status %s --watch\n", s.App.name(), b.Name)
+		return backfillStatus(ctx, out, db, b, bar)
+	}
+}
+
+// backfillStart starts b (a new epoch) and says how to watch it.
+func backfillStart(ctx context.Context, s *Session, db *pg.Pool, b backfill.Backfill) error {
+	p, err := backfill.Start(ctx, db, b)
+	if err != nil {
+		return err
+	}
+	out := s.Env.Stdout
+	fmt.Fprintf(out, "started backfill %s (epoch %d, batches of %d rows)", b.Name, p.Epoch, b.BatchSize)
+	if left, ok := p.Left(); ok {
+		fmt.Fprintf(out, ": ~%d rows to go", left)
+	}
+	fmt.Fprintf(out, "\nwatch it: %s backfill status %s --watch\n", s.App.name(), b.Name)
+	return nil
+}
+
+// backfillSteer pauses, resumes or cancels b.
+func backfillSteer(ctx context.Context, s *Session, db *pg.Pool, verb string, b backfill.Backfill) error {
+	out := s.Env.Stdout
+	switch verb {
 	case "pause":
 		p, err := backfill.Pause(ctx, db, b.Name)
 		if err != nil {
@@ -153,29 +146,30 @@ func (c *backfillCmd) run(ctx context.Context, s *Session, args []string) error 
 			return err
 		}
 		fmt.Fprintf(out, "resumed backfill %s at batch %d (%d rows done)\n", b.Name, p.Batches, p.RowsDone)
-	case "cancel":
+	default: // cancel
 		p, err := backfill.Cancel(ctx, db, b.Name)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "cancelled backfill %s after %d rows in %d batches; start runs it again from the beginning\n",
 			b.Name, p.RowsDone, p.Batches)
-	case "status":
-		bar := c.progress == "bar" || c.progress == "auto" && bfIsTerminal(out)
-		if c.watch {
-			return watchBackfill(ctx, out, db, b, bar, c.every)
-		}
-		p, err := getProgress(ctx, db, b.Name)
-		if err != nil {
-			return err
-		}
-		if bar {
-			r := newBarRenderer(out, b.Name)
-			r.update(p)
-			r.finish()
-		}
-		fmt.Fprint(out, statusBlock(p))
 	}
+	return nil
+}
+
+// backfillStatus prints b's progress once: a bar (on a terminal) and the
+// status block.
+func backfillStatus(ctx context.Context, out io.Writer, db pg.DBTX, b backfill.Backfill, bar bool) error {
+	p, err := getProgress(ctx, db, b.Name)
+	if err != nil {
+		return err
+	}
+	if bar {
+		r := newBarRenderer(out, b.Name)
+		r.update(p)
+		r.finish()
+	}
+	fmt.Fprint(out, statusBlock(p))
 	return nil
 }
 
@@ -189,7 +183,8 @@ func getProgress(ctx context.Context, db pg.DBTX, name string) (*backfill.Progre
 	return p, err
 }
 
-func bfIsTerminal(w io.Writer) bool {
+// isTerminal says whether w is a terminal (a bar is drawn there).
+func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
 }
@@ -223,11 +218,11 @@ func backfillList(ctx context.Context, out io.Writer, db pg.DBTX, known []backfi
 		}
 		last := "-"
 		if p.LastBatchAt != nil {
-			last = bfAgo(p.Now.Sub(*p.LastBatchAt))
+			last = ago(p.Now.Sub(*p.LastBatchAt))
 		}
 		lastErr := "-"
 		if p.LastError != nil {
-			lastErr = bfOneLine(*p.LastError, 60)
+			lastErr = oneLine(*p.LastError, 60)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", b.Name, stateWord(p), p.RowsDone, p.Batches, pct, rate, last, lastErr)
 	}
@@ -266,7 +261,7 @@ func stateLine(p *backfill.Progress) string {
 		return fmt.Sprintf("stalled: its batch job %d is %s; resume carries it on", *p.JobID, *p.JobState)
 	case p.State == backfill.Running && p.JobState != nil && *p.JobState == "retryable":
 		return fmt.Sprintf("running, retrying batch %d (attempt %d of %d failed; next at %s)", p.Batches,
-			bfDeref(p.JobAttempt), bfDeref(p.JobMaxAttempts), p.JobScheduledAt.UTC().Format(time.RFC3339))
+			deref(p.JobAttempt), deref(p.JobMaxAttempts), p.JobScheduledAt.UTC().Format(time.RFC3339))
 	case p.State == backfill.Running && p.JobScheduledAt != nil && p.JobScheduledAt.After(p.Now.Add(time.Second)):
 		return fmt.Sprintf("running, next batch at %s", p.JobScheduledAt.UTC().Format(time.RFC3339))
 	}
@@ -314,8 +309,8 @@ func statusBlock(p *backfill.Progress) string {
 		line("rate", "%s", r)
 	}
 	if p.LastBatchAt != nil {
-		line("last batch", "%d rows in %d ms, %s (%s ago)", bfDeref(p.LastBatchRows), bfDeref(p.LastBatchMS),
-			p.LastBatchAt.UTC().Format(time.RFC3339), bfAgo(p.Now.Sub(*p.LastBatchAt)))
+		line("last batch", "%d rows in %d ms, %s (%s ago)", deref(p.LastBatchRows), deref(p.LastBatchMS),
+			p.LastBatchAt.UTC().Format(time.RFC3339), ago(p.Now.Sub(*p.LastBatchAt)))
 	}
 	if p.StartedAt != nil {
 		line("started", "%s", p.StartedAt.UTC().Format(time.RFC3339))
@@ -324,8 +319,8 @@ func statusBlock(p *backfill.Progress) string {
 		line("finished", "%s", p.FinishedAt.UTC().Format(time.RFC3339))
 	}
 	if p.JobID != nil {
-		line("job", "%d, %s, attempt %d of %d (River UI: kind backfill_%s)", *p.JobID, bfDeref(p.JobState),
-			bfDeref(p.JobAttempt), bfDeref(p.JobMaxAttempts), p.Name)
+		line("job", "%d, %s, attempt %d of %d (River UI: kind backfill_%s)", *p.JobID, deref(p.JobState),
+			deref(p.JobAttempt), deref(p.JobMaxAttempts), p.Name)
 	}
 	if p.LastError != nil {
 		line("last error", "%s (%s, %d failed attempts this run)", *p.LastError, p.LastErrorAt.UTC().Format(time.RFC3339), p.Errors)
@@ -343,7 +338,7 @@ func watchLine(p *backfill.Progress) string {
 		parts = append(parts, r)
 	}
 	if p.LastError != nil && p.State == backfill.Running && (p.LastBatchAt == nil || p.LastErrorAt.After(*p.LastBatchAt)) {
-		parts = append(parts, "last error: "+bfOneLine(*p.LastError, 200))
+		parts = append(parts, "last error: "+oneLine(*p.LastError, 200))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -452,35 +447,4 @@ func (r *barRenderer) finish() {
 		_ = r.bar.Exit()
 		fmt.Fprintln(r.out)
 	}
-}
-
-// bfAgo is a short "how long ago".
-func bfAgo(d time.Duration) string {
-	switch {
-	case d < 0:
-		return "0s"
-	case d < time.Minute:
-		return d.Round(100 * time.Millisecond).String()
-	case d < time.Hour:
-		return d.Round(time.Second).String()
-	default:
-		return d.Round(time.Minute).String()
-	}
-}
-
-// bfOneLine is s on one line, cut to n characters.
-func bfOneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if r := []rune(s); len(r) > n {
-		return string(r[:n-1]) + "…"
-	}
-	return s
-}
-
-func bfDeref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
 }

@@ -340,37 +340,3 @@ func TestBackfillVerbs(t *testing.T) {
 	require.Equal(t, 1, r.code)
 	require.Equal(t, "CONFLICT: backfill alpha_fill is done: only a running or paused backfill is cancelled\n", r.stderr)
 }
-
-// dev starts its demo backfill, whose jobs show under their own kind; the
-// verbs know it with --demo.
-func TestDevStartsTheDemoBackfill(t *testing.T) {
-	t.Parallel()
-	db := pgtest.New(t)
-	env := append(dbEnv(db), "BETTER_COMPUTE_LISTEN=127.0.0.1:0", "BETTER_COMPUTE_POLL_INTERVAL=20ms")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan result, 1)
-	go func() { done <- run(t, ctx, cli.App{}, env, "dev") }()
-	workertest.WaitFor(t, 60*time.Second, "the demo backfill's batches", func() bool {
-		var n int
-		err := db.QueryRow(context.Background(), `SELECT count(*) FROM river_job
-			WHERE kind = 'backfill_demo_greetings' AND state = 'completed'`).Scan(&n)
-		return err == nil && n >= 2
-	})
-	p, err := backfill.Get(context.Background(), db.Pool, cli.DemoBackfill)
-	require.NoError(t, err)
-	require.Equal(t, backfill.Running, p.State)
-	require.Greater(t, p.RowsDone, int64(0))
-
-	r := run(t, context.Background(), cli.App{}, env, "backfill", "status", cli.DemoBackfill, "--demo")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, `(?m)^state:\s+running`, r.stdout)
-	r = run(t, context.Background(), cli.App{}, env, "backfill", "status", cli.DemoBackfill)
-	require.Equal(t, 1, r.code, "without --demo the binary does not know it")
-	cancel()
-	select {
-	case r := <-done:
-		require.Equal(t, 0, r.code, r.stderr)
-	case <-time.After(60 * time.Second):
-		t.Fatal("dev did not stop")
-	}
-}

@@ -1,15 +1,20 @@
-// Package cli is the better-compute binary as a library: an application's main
-// hands its modules to Main and gets every command (migrate, worker, serve,
-// doctor, dev, and the operator verbs) with them. The built-in binary,
-// cmd/better-compute, is Main with no application modules.
+// Package cli is Better Compute's application API: an application's main hands
+// its modules to Main and gets every command (migrate, worker, serve, doctor,
+// dev, and the operator verbs) with them.
 //
 //	func main() {
-//		cli.Main(cli.App{Modules: []cli.Module{inventory.Module()}})
+//		cli.Main(cli.App{Name: "inventory", Modules: []cli.Module{inventory.Module()}})
 //	}
 //
-// Every command is a struct with its flags and a Run method, so tests call Run
-// with a configuration instead of spawning the binary; Run (the function) is the
-// whole command line, with its own output streams and environment.
+// The better-compute binary is Main with its demo application
+// (cmd/better-compute/demo); an application's binary carries none of it.
+//
+// Nothing here registers itself: commands builds the command set, the built-in
+// modules and the HTTP routes are explicit lists (builtinModules, routes). Each
+// command has its options (flags bound to fields, checked by Validate before
+// anything runs) and its run function, which tests call with a configuration
+// instead of spawning the binary; Run (the function) is the whole command line,
+// with its own output streams and environment.
 package cli
 
 import (
@@ -19,29 +24,23 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net/url"
 	"os"
 	"os/signal"
-	"sort"
 	"strings"
 	"syscall"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/bettercompute/bettercompute/platform/config"
-	"github.com/bettercompute/bettercompute/platform/embedded"
 	"github.com/bettercompute/bettercompute/platform/fault"
-	"github.com/bettercompute/bettercompute/platform/logging"
-	"github.com/bettercompute/bettercompute/platform/migrate"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 )
 
 // App is an application built on Better Compute.
 type App struct {
-	// Name is the binary's name in help output (default better-compute).
+	// Name is the binary's name in help output and dev's banner (default
+	// better-compute).
 	Name string
 	// Modules are the application's modules, in registration order: their
 	// migrations run after the built-in ones, in this order.
@@ -56,9 +55,13 @@ type Module struct {
 	// Migrations holds the module's nnnn_slug.sql files at its root (for
 	// example an embed.FS narrowed with fs.Sub). Nil for none.
 	Migrations fs.FS
-	// Register adds the module's reconcilers, River workers and periodic jobs to
-	// a worker process's registry. Nil for none.
+	// Register adds the module's reconcilers, River workers, sinks, backfills
+	// and periodic jobs to a worker process's registry. Nil for none.
 	Register func(r *workers.Registry) error
+	// Dev, optional, plays the application while dev runs: started once the
+	// worker runs, it changes rows and marks them dirty until ctx is done (the
+	// demo application's modules do). Only dev runs it.
+	Dev func(ctx context.Context, db *pg.Pool, log zerolog.Logger)
 }
 
 // Env is what a command line runs against: its streams and environment.
@@ -76,27 +79,48 @@ func Main(app App) {
 	os.Exit(code)
 }
 
-// command is one subcommand.
+// options are a command's flags and arguments: bind adds its flags, bound to
+// its fields; Validate checks them and the positional arguments before the
+// command touches anything (INVALID_ARGUMENT, printed as a usage error).
+type options interface {
+	bind(fs *flag.FlagSet)
+	Validate(args []string) error
+}
+
+// command is one subcommand: its help, its options and what it runs.
 type command struct {
 	name    string
 	summary string
 	usage   string // arguments after the flags
-	// flags adds the command's own flags.
-	flags func(fs *flag.FlagSet, s *Session)
-	run   func(ctx context.Context, s *Session, args []string) error
+	opts    options
+	run     func(ctx context.Context, s *Session, args []string) error
 }
 
-// commandSet holds every command's constructor; each command's file adds its own
-// in an init function.
-var commandSet []func() *command
-
+// commands builds the command set, in the order --help lists it: the ones that
+// run the system, then the ones that look at it and steer it.
 func (a *App) commands() []*command {
-	cmds := make([]*command, 0, len(commandSet))
-	for _, f := range commandSet {
-		cmds = append(cmds, f())
+	return []*command{
+		migrateCommand(),
+		workerCommand(),
+		serveCommand(),
+		devCommand(),
+		doctorCommand(),
+		backfillCommand(),
+		sinksCommand(),
 	}
-	sort.Slice(cmds, func(i, j int) bool { return cmds[i].name < cmds[j].name })
-	return cmds
+}
+
+// noArgs is the Validate of a command that takes no positional arguments.
+func noArgs(name string, args []string) error {
+	if len(args) > 0 {
+		return usageErr("%s takes no arguments, got %q", name, args)
+	}
+	return nil
+}
+
+// usageErr is a usage error: INVALID_ARGUMENT.
+func usageErr(format string, args ...any) error {
+	return fault.New(fault.InvalidArgument, format, args...)
 }
 
 func (a *App) name() string {
@@ -107,7 +131,8 @@ func (a *App) name() string {
 }
 
 // Run runs one command line and returns the exit status: 0 on success, 1 on an
-// error (printed as CODE: message on stderr), 2 on a usage error.
+// error (printed as CODE: message on stderr), 2 on a usage error found while
+// parsing flags.
 func Run(ctx context.Context, app App, args []string, env Env) int {
 	if env.Stdout == nil {
 		env.Stdout = io.Discard
@@ -143,20 +168,22 @@ func Run(ctx context.Context, app App, args []string, env Env) int {
 	fset.SetOutput(io.Discard)
 	fset.BoolVar(&s.Dev, "dev", false, "allow an embedded: database URL (development only)")
 	fset.BoolVar(&s.NoMigrate, "no-migrate", false, "do not run migrations on start")
-	if cmd.flags != nil {
-		cmd.flags(fset, s)
-	}
+	cmd.opts.bind(fset)
 	cfg.RegisterFlags(fset)
-	if err := fset.Parse(args[1:]); err != nil {
+	pos, err := parseInterspersed(fset, args[1:])
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			app.printCommandHelp(env.Stdout, cmd, fset, cfg)
+			app.printCommandHelp(env.Stdout, cmd, fset)
 			return 0
 		}
 		printErr(env.Stderr, usageErr("%s %s: %v (see %s %s --help)", app.name(), cmd.name, err, app.name(), cmd.name))
 		return 2
 	}
+	if err := cmd.opts.Validate(pos); err != nil {
+		return printErr(env.Stderr, err)
+	}
 	defer s.close()
-	if err := cmd.run(ctx, s, fset.Args()); err != nil {
+	if err := cmd.run(ctx, s, pos); err != nil {
 		if ctx.Err() != nil && fault.CodeOf(err) == fault.Internal {
 			err = fault.Wrap(fault.Unavailable, err, "interrupted")
 		}
@@ -164,6 +191,27 @@ func Run(ctx context.Context, app App, args []string, env Env) int {
 		return printErr(env.Stderr, err)
 	}
 	return 0
+}
+
+// parseInterspersed parses fs's flags wherever they stand among the arguments
+// (backfill status NAME --watch) and returns the positional ones, in order.
+// After "--" everything is positional.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
 }
 
 // printErr prints err as the command's last line on stderr, CODE: message, on
@@ -176,7 +224,7 @@ func printErr(w io.Writer, err error) int {
 // errorLine is err as the CLI prints it: its code, then its message, on one
 // line. An error without a code is INTERNAL_ERROR.
 func errorLine(err error) string {
-	msg := strings.Join(strings.Fields(err.Error()), " ")
+	msg := oneLine(err.Error(), 0)
 	if code := string(fault.CodeOf(err)); !strings.HasPrefix(msg, code+":") {
 		msg = code + ": " + msg
 	}
@@ -194,10 +242,11 @@ func (a *App) printHelp(w io.Writer, cmds []*command) {
 	fmt.Fprintf(w, "\nRun %s COMMAND --help for a command's own flags.\n", a.name())
 }
 
-func (a *App) printCommandHelp(w io.Writer, cmd *command, fset *flag.FlagSet, cfg *config.Config) {
+func (a *App) printCommandHelp(w io.Writer, cmd *command, fset *flag.FlagSet) {
 	fmt.Fprintf(w, "Usage: %s %s [flags] %s\n\n%s\n\nFlags:\n", a.name(), cmd.name, cmd.usage, cmd.summary)
+	defaults, _ := config.Load(nil)
 	cfgFlags := map[string]bool{}
-	for _, f := range cfg.Fields() {
+	for _, f := range defaults.Fields() {
 		cfgFlags[f.Flag] = true
 	}
 	fset.VisitAll(func(f *flag.Flag) {
@@ -211,155 +260,5 @@ func (a *App) printCommandHelp(w io.Writer, cmd *command, fset *flag.FlagSet, cf
 		fmt.Fprintf(w, "  --%-14s %s%s\n", f.Name, f.Usage, def)
 	})
 	fmt.Fprintf(w, "\nConfiguration (environment, or the flag of the same name):\n")
-	defaults, _ := config.Load(nil)
 	defaults.PrintHelp(w)
-}
-
-// Session is one command's run: its configuration, logger, database and the
-// cleanups to run at the end.
-type Session struct {
-	App       *App
-	Config    *config.Config
-	Env       Env
-	Log       zerolog.Logger
-	Dev       bool // --dev: an embedded: URL is allowed
-	NoMigrate bool // --no-migrate
-
-	cluster *embedded.Cluster
-	pool    *pg.Pool
-	// extraModules are added by dev (its demo), after the application's.
-	extraModules []Module
-	// workerMetrics holds the worker's Prometheus metrics once StartWorker ran.
-	workerMetrics *prometheus.Registry
-	closers       []func()
-	logReady      bool
-}
-
-func (s *Session) close() {
-	for i := len(s.closers) - 1; i >= 0; i-- {
-		s.closers[i]()
-	}
-}
-
-// onClose registers f to run when the command ends, after the ones registered later.
-func (s *Session) onClose(f func()) { s.closers = append(s.closers, f) }
-
-// setup validates the configuration and builds the logger.
-func (s *Session) setup() error {
-	if err := s.Config.Validate(); err != nil {
-		return err
-	}
-	if !s.logReady {
-		s.Log = logging.New(s.Env.Stderr, s.Config.LogLevel, s.Config.LogFormat)
-		s.logReady = true
-	}
-	return nil
-}
-
-// Pool validates the configuration, starts the embedded cluster if the URL
-// names one (only with --dev or in dev), and opens the pool.
-func (s *Session) Pool(ctx context.Context) (*pg.Pool, error) {
-	if s.pool != nil {
-		return s.pool, nil
-	}
-	if err := s.setup(); err != nil {
-		return nil, err
-	}
-	url := s.Config.DatabaseURL
-	if embedded.IsURL(url) {
-		if !s.Dev {
-			return nil, fault.New(fault.InvalidConfig, "BETTER_COMPUTE_DATABASE_URL=%s is an embedded development cluster: pass --dev to use it, or point at a real server", url)
-		}
-		c, err := embedded.FromURL(ctx, url, embedded.Options{BinDir: s.Config.PGBin, Logf: func(f string, a ...any) {
-			s.Log.Info().Msgf(f, a...)
-		}})
-		if err != nil {
-			return nil, err
-		}
-		s.cluster = c
-		s.onClose(func() {
-			if err := c.Stop(); err != nil {
-				s.Log.Warn().Err(err).Msg("stopping the embedded PostgreSQL")
-			}
-		})
-		url = c.URL()
-	}
-	p, err := pg.Open(ctx, pg.Options{
-		URL:              url,
-		MaxConns:         int32(s.Config.DBMaxConns),
-		StatementTimeout: s.Config.StatementTimeout,
-		CancelRequests:   s.Config.DBCancelRequests,
-	})
-	if err != nil {
-		return nil, err
-	}
-	s.pool = p
-	s.onClose(p.Close)
-	s.Log.Debug().Str("database", pg.RedactURL(url)).Msg("connected")
-	return p, nil
-}
-
-// MigrationSet is the built-in set followed by the application's modules.
-func (s *Session) MigrationSet() (*migrate.Set, error) {
-	var groups []migrate.Group
-	for _, m := range append(append([]Module(nil), s.App.Modules...), s.extraModules...) {
-		g := migrate.Group{Owner: m.Name}
-		if m.Migrations != nil {
-			ms, err := migrate.FromFS(m.Name, m.Migrations)
-			if err != nil {
-				return nil, err
-			}
-			g.Migrations = ms
-		}
-		groups = append(groups, g)
-	}
-	return migrate.Builtin(groups...)
-}
-
-// Migrate validates the configuration and every module (its migrations, and
-// what it registers: reconcilers, sinks, dispatchers, backfills) before touching
-// the store, then applies pending migrations, logging each.
-func (s *Session) Migrate(ctx context.Context) (*migrate.Result, error) {
-	if err := s.setup(); err != nil {
-		return nil, err
-	}
-	set, err := s.MigrationSet()
-	if err != nil {
-		return nil, err
-	}
-	if _, err := s.Registry(); err != nil {
-		return nil, err
-	}
-	p, err := s.Pool(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := migrate.EnsureExtensions(ctx, p); err != nil {
-		return nil, err
-	}
-	res, err := set.Apply(ctx, p, func(name string, took time.Duration) {
-		s.Log.Info().Str("migration", name).Dur("took", took).Msg("applied migration")
-	})
-	if err != nil {
-		return res, err
-	}
-	stored, err := migrate.InitSettings(ctx, p, s.Config.ShardCount)
-	if err != nil {
-		return res, err
-	}
-	if stored != s.Config.ShardCount {
-		s.Log.Warn().Int("stored", stored).Int("configured", s.Config.ShardCount).
-			Msg("BETTER_COMPUTE_SHARD_COUNT differs from the shard count fixed at the first migrate; the stored one is used")
-	}
-	return res, nil
-}
-
-// passwordOf returns the password of a postgres:// URL, or "".
-func passwordOf(u string) string {
-	parsed, err := url.Parse(u)
-	if err != nil || parsed.User == nil {
-		return ""
-	}
-	pw, _ := parsed.User.Password()
-	return pw
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/cmd/better-compute/demo"
 	"github.com/bettercompute/bettercompute/platform/config"
 	"github.com/bettercompute/bettercompute/platform/migrate"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
@@ -54,6 +55,21 @@ func builtinNames(t *testing.T) []string {
 		out = append(out, m.Name())
 	}
 	require.NotEmpty(t, out)
+	return out
+}
+
+// binaryNames are the names of the better-compute binary's migrations, in
+// order: the built-in set, then its demo application's.
+func binaryNames(t *testing.T) []string {
+	t.Helper()
+	out := builtinNames(t)
+	for _, m := range demo.Modules() {
+		ms, err := migrate.FromFS(m.Name, m.Migrations)
+		require.NoError(t, err)
+		for _, mg := range ms {
+			out = append(out, mg.Name())
+		}
+	}
 	return out
 }
 
@@ -299,7 +315,7 @@ func processEnv(env ...string) []string {
 func TestMigrateProcesses(t *testing.T) {
 	t.Parallel()
 	bin := build(t, t.TempDir())
-	want := builtinNames(t)
+	want := binaryNames(t)
 
 	t.Run("two at once", func(t *testing.T) {
 		db := pgtest.New(t, pgtest.Options{Empty: true})

@@ -38,31 +38,33 @@ type DoctorOptions struct {
 	MaxXactAge time.Duration
 }
 
-func init() { commandSet = append(commandSet, doctorCommand) }
+// doctorOpts are doctor's flags.
+type doctorOpts struct {
+	DoctorOptions
+	demo bool // deprecated, no effect
+}
+
+func (o *doctorOpts) bind(fs *flag.FlagSet) {
+	fs.DurationVar(&o.MaxXactAge, "max-xact-age", MaxXactAgeDefault,
+		"a write transaction open longer than this, in any database of the server, holds the outbox back: FAIL")
+	fs.BoolVar(&o.demo, "demo", false, "deprecated, no effect: the better-compute binary always knows its demo application")
+}
+
+func (o *doctorOpts) Validate(args []string) error {
+	if o.MaxXactAge <= 0 {
+		return usageErr("doctor: --max-xact-age must be positive, got %s", o.MaxXactAge)
+	}
+	return noArgs("doctor", args)
+}
 
 func doctorCommand() *command {
-	var o DoctorOptions
-	var demo bool
+	o := &doctorOpts{}
 	return &command{
 		name:    "doctor",
 		summary: "check the database and this deployment: one line per check, OK or FAIL; exits non-zero on any FAIL",
-		flags: func(fs *flag.FlagSet, s *Session) {
-			fs.DurationVar(&o.MaxXactAge, "max-xact-age", MaxXactAgeDefault,
-				"a write transaction open longer than this, in any database of the server, holds the outbox back: FAIL")
-			fs.BoolVar(&demo, "demo", false, "check a database that dev runs: count the dev demo's modules as registered (their reconcilers, sinks, backfills)")
-		},
-		run: func(ctx context.Context, s *Session, args []string) error {
-			if o.MaxXactAge <= 0 {
-				return usageErr("doctor: --max-xact-age must be positive, got %s", o.MaxXactAge)
-			}
-			if demo {
-				for _, d := range demos {
-					if d.Module != nil {
-						s.extraModules = append(s.extraModules, d.Module())
-					}
-				}
-			}
-			checks := s.Doctor(ctx, o)
+		opts:    o,
+		run: func(ctx context.Context, s *Session, _ []string) error {
+			checks := s.Doctor(ctx, o.DoctorOptions)
 			for _, c := range checks {
 				status := "OK  "
 				if !c.OK {
@@ -102,7 +104,7 @@ type report struct{ checks []Check }
 
 // add appends a check whose detail is format, collapsed to one line.
 func (r *report) add(name string, ok bool, format string, args ...any) {
-	r.checks = append(r.checks, Check{Name: name, OK: ok, Detail: singleLine(fmt.Sprintf(format, args...))})
+	r.checks = append(r.checks, Check{Name: name, OK: ok, Detail: oneLine(fmt.Sprintf(format, args...), 0)})
 }
 
 // fail appends a failed check caused by err: its detail is the prefix (if any)
@@ -112,7 +114,7 @@ func (r *report) fail(name string, err error, prefix string, args ...any) {
 	if prefix != "" {
 		msg = fmt.Sprintf(prefix, args...) + ": " + msg
 	}
-	r.checks = append(r.checks, Check{Name: name, Detail: singleLine(msg), Code: code})
+	r.checks = append(r.checks, Check{Name: name, Detail: oneLine(msg, 0), Code: code})
 }
 
 // errParts is err's fault code (after pg.Translate) and its message without the
@@ -127,10 +129,6 @@ func errParts(err error) (fault.Code, string) {
 	}
 	return code, msg
 }
-
-// singleLine collapses runs of white space (newlines and tabs from driver errors)
-// into single spaces.
-func singleLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 // Doctor runs every check and returns them in order. It never stops at the first
 // failure unless the database cannot be reached at all. It needs no superuser:
@@ -289,10 +287,6 @@ func abbreviate(names []string, n int) string {
 		return strings.Join(names, ", ")
 	}
 	return strings.Join(names[:n], ", ") + fmt.Sprintf(", … (%d more)", len(names)-n)
-}
-
-func usageErr(format string, args ...any) error {
-	return fault.New(fault.InvalidArgument, format, args...)
 }
 
 // xact is a write transaction open on the server (it has a transaction id), as

@@ -205,16 +205,6 @@ func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
 	// A binary without the module handles neither kind.
 	r = run(t, ctx, cli.App{}, dbEnv(db), "doctor")
 	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+no registered reconciler handles the dirty keys of no_such_kind \(1 key\), thing \(2 keys\): `, r.stdout)
-
-	// The dev demo's kinds are registered only with --demo (what dev prints).
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
-		return jobs.Dirty(ctx, tx, cli.DemoReconciler, "counter-1", nil)
-	}))
-	r = run(t, ctx, app, dbEnv(db), "doctor")
-	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+.*`+cli.DemoReconciler+` \(1 key\)`, r.stdout)
-	r = run(t, ctx, app, dbEnv(db), "doctor", "--demo")
-	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+.*no_such_kind \(1 key\)`, r.stdout)
-	require.NotContains(t, r.stdout, cli.DemoReconciler+" (1 key)")
 }
 
 // TestDoctorSaysWhatFailedToConnect: a failed connection ends stderr with one

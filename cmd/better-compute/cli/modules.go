@@ -1,45 +1,42 @@
 package cli
 
 import (
-	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/workers"
+	capworkers "github.com/bettercompute/bettercompute/workers/capacity"
+	outboxw "github.com/bettercompute/bettercompute/workers/outbox"
+	quorumworkers "github.com/bettercompute/bettercompute/workers/quorum"
 )
 
-// builtinSet holds the constructors of Better Compute's own modules; each
-// module's file adds its own in an init function. Their migrations are in the
-// built-in set (migrations/, in migrations.Owners order), so a built-in Module
-// leaves Migrations nil.
-var builtinSet []func() Module
-
 // builtinModules are Better Compute's own modules, registered before the
-// application's.
+// application's, in this order. Their migrations are in the built-in set
+// (migrations/, in migrations.Owners order), so they leave Migrations nil.
 func builtinModules() []Module {
-	out := make([]Module, 0, len(builtinSet))
-	for _, f := range builtinSet {
-		out = append(out, f())
+	return []Module{
+		{
+			Name: "outbox",
+			// The outbox machinery runs in every worker process: sink delivery,
+			// table dispatcher passes, and retention of the event log (which runs
+			// even without a sink, keeping the replay window). Applications add
+			// sinks and dispatchers from their own modules (outboxw.RegisterSink,
+			// outboxw.RegisterDispatcher) and options (outboxw.Configure).
+			Register: func(r *workers.Registry) error {
+				outboxw.Install(r)
+				return nil
+			},
+		},
+		{
+			Name: "capacity",
+			// Every worker process expires the holds of the shards it holds (the
+			// fenced hold-expiry job) and runs the periodic safety sweep when
+			// River elects it leader.
+			Register: func(r *workers.Registry) error { return capworkers.Register(r, nil) },
+		},
+		{
+			Name: "quorum",
+			// The apply and expiry jobs of quorum batches. Applications add an
+			// applier per batch kind from their own module's Register
+			// (quorumworkers.Handle).
+			Register: func(r *workers.Registry) error { return quorumworkers.Register(r, nil) },
+		},
 	}
-	return out
-}
-
-// Registry builds the worker registry from the built-in modules and the
-// application's, in order. It returns INVALID_CONFIG for a module that registers
-// something invalid.
-func (s *Session) Registry() (*workers.Registry, error) {
-	reg := workers.NewRegistry()
-	mods := append(builtinModules(), s.App.Modules...)
-	if s.extraModules != nil {
-		mods = append(mods, s.extraModules...)
-	}
-	for _, m := range mods {
-		if m.Register == nil {
-			continue
-		}
-		if err := m.Register(reg); err != nil {
-			if fault.CodeOf(err) == fault.Internal {
-				err = fault.Wrap(fault.InvalidConfig, err, "module %s", m.Name)
-			}
-			return nil, err
-		}
-	}
-	return reg, nil
 }

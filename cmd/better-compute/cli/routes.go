@@ -1,21 +1,20 @@
 package cli
 
 import (
-	"net/http"
-
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/web"
 )
 
-// Route is an HTTP endpoint that serve (and dev) mount beside River UI, behind
-// the same listener and credentials. Each route's file adds itself to routes in an
-// init function.
-type Route struct {
-	// Pattern is an http.ServeMux pattern, e.g. "GET /v1/events".
-	Pattern string
-	// ReadOnly routes are served in read-only mode too (they change nothing).
-	ReadOnly bool
-	// Handler builds the handler once the database is open.
-	Handler func(s *Session, db *pg.Pool) http.Handler
+// routes are the HTTP endpoints that serve (and dev) mount beside River UI,
+// behind the same listener and credentials.
+func routes(s *Session, db *pg.Pool) []web.Route {
+	return []web.Route{
+		// The event stream: Server-Sent Events from the outbox's event log
+		// (see events.go for the protocol).
+		{
+			Pattern:  "GET /v1/events",
+			ReadOnly: true, // changes nothing: served in read-only mode too
+			Handler:  newEventsHandler(db, s.Log.With().Str("component", "events").Logger()),
+		},
+	}
 }
-
-var routes []Route

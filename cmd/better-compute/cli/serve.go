@@ -2,8 +2,8 @@ package cli
 
 import (
 	"context"
+	"flag"
 	"fmt"
-	"net/http"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -16,42 +16,48 @@ import (
 	"github.com/bettercompute/bettercompute/workers"
 )
 
-func init() { commandSet = append(commandSet, serveCommand) }
+// serveOpts are serve's options: its flags are the configuration's (--listen,
+// --auth-user, --read-only, …); it takes no arguments.
+type serveOpts struct{}
+
+func (*serveOpts) bind(*flag.FlagSet)           {}
+func (*serveOpts) Validate(args []string) error { return noArgs("serve", args) }
 
 func serveCommand() *command {
+	o := &serveOpts{}
 	return &command{
 		name:    "serve",
 		summary: "serve River UI (at /), /healthz, /readyz and /metrics on BETTER_COMPUTE_LISTEN (loopback unless credentials are set), until interrupted",
-		run: func(ctx context.Context, s *Session, args []string) error {
-			if len(args) > 0 {
-				return usageErr("serve takes no arguments, got %q", args)
-			}
-			if err := s.setup(); err != nil {
-				return err
-			}
-			// A bind that would expose River UI without credentials fails
-			// before the database is touched.
-			if err := web.CheckBind(ctx, s.Config.Listen, s.Config.AuthUser != ""); err != nil {
-				return err
-			}
-			if _, err := s.Pool(ctx); err != nil {
-				return err
-			}
-			if !s.NoMigrate {
-				if _, err := s.Migrate(ctx); err != nil {
-					return err
-				}
-			}
-			stop, err := s.StartServe(ctx, nil)
-			if err != nil {
-				return err
-			}
-			<-ctx.Done()
-			s.Log.Info().Msg("serve: stopping")
-			stop()
-			return nil
-		},
+		opts:    o,
+		run:     o.run,
 	}
+}
+
+func (*serveOpts) run(ctx context.Context, s *Session, _ []string) error {
+	if err := s.setup(); err != nil {
+		return err
+	}
+	// A bind that would expose River UI without credentials fails before the
+	// database is touched.
+	if err := web.CheckBind(ctx, s.Config.Listen, s.Config.AuthUser != ""); err != nil {
+		return err
+	}
+	if _, err := s.Pool(ctx); err != nil {
+		return err
+	}
+	if !s.NoMigrate {
+		if _, err := s.Migrate(ctx); err != nil {
+			return err
+		}
+	}
+	stop, err := s.StartServe(ctx, nil)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	s.Log.Info().Msg("serve: stopping")
+	stop()
+	return nil
 }
 
 // StartServe starts the HTTP server of serve on BETTER_COMPUTE_LISTEN: River UI
@@ -93,14 +99,7 @@ func (s *Session) StartServe(ctx context.Context, rt *workers.Runtime) (stop fun
 	if rt != nil {
 		client = rt.Client()
 	}
-	var rs []web.Route
-	for _, r := range routes {
-		var h http.Handler
-		if r.Handler != nil {
-			h = r.Handler(s, db) // nil: web refuses the route with INVALID_CONFIG
-		}
-		rs = append(rs, web.Route{Pattern: r.Pattern, ReadOnly: r.ReadOnly, Handler: h})
-	}
+	rs := routes(s, db)
 
 	srv, err := web.Start(ctx, web.Options{
 		Listen: s.Config.Listen, User: s.Config.AuthUser, Password: s.Config.AuthPassword,

@@ -3,85 +3,68 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/bettercompute/bettercompute/domain/outbox"
-	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	outboxw "github.com/bettercompute/bettercompute/workers/outbox"
 )
 
-func init() { commandSet = append(commandSet, sinksCommand) }
-
 const sinksUsage = "list [--json] | pause NAME | resume NAME | reset NAME [--to start|end|TXID:SEQ]"
 
-// sinksCmd is the operator verbs over the outbox's sinks.
-type sinksCmd struct {
+// sinksOpts are the sinks command's flags: the operator verbs over the
+// outbox's sinks.
+type sinksOpts struct {
 	to     string
 	asJSON bool
-	fset   *flag.FlagSet
 }
 
-func sinksCommand() *command {
-	c := &sinksCmd{}
-	return &command{
-		name:    "sinks",
-		summary: "watch and steer the outbox's sinks: " + sinksUsage,
-		usage:   sinksUsage,
-		flags: func(fs *flag.FlagSet, s *Session) {
-			c.fset = fs
-			fs.StringVar(&c.to, "to", "start", "reset: where the cursor goes: start (replay every retained event), end (skip to now), or TXID:SEQ (deliver what follows that event; refused when retention has deleted events after it)")
-			fs.BoolVar(&c.asJSON, "json", false, "list: print JSON instead of a table")
-		},
-		run: c.run,
-	}
+func (o *sinksOpts) bind(fs *flag.FlagSet) {
+	fs.StringVar(&o.to, "to", "start", "reset: where the cursor goes: start (replay every retained event), end (skip to now), or TXID:SEQ (deliver what follows that event; refused when retention has deleted events after it)")
+	fs.BoolVar(&o.asJSON, "json", false, "list: print JSON instead of a table")
 }
 
-// sinksArgs parses c's flags wherever they stand among the arguments (sinks
-// reset NAME --to end) and returns the positional ones.
-func (c *sinksCmd) args(args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := c.fset.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, usageErr("usage: sinks [flags] %s (see sinks --help)", sinksUsage)
-			}
-			return nil, usageErr("sinks: %v", err)
-		}
-		args = c.fset.Args()
-		if len(args) == 0 {
-			return pos, nil
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
-	}
-}
-
-func (c *sinksCmd) run(ctx context.Context, s *Session, args []string) error {
-	args, err := c.args(args)
-	if err != nil {
-		return err
-	}
+// Validate checks the verb, its arguments and --to.
+func (o *sinksOpts) Validate(args []string) error {
 	if len(args) == 0 {
 		return usageErr("sinks needs a verb: %s", sinksUsage)
 	}
 	verb, rest := args[0], args[1:]
-	wantName := func() (string, error) {
-		if len(rest) != 1 {
-			return "", usageErr("sinks %s takes one sink name, got %q", verb, rest)
-		}
-		return rest[0], nil
-	}
 	switch verb {
-	case "list", "pause", "resume", "reset":
+	case "list":
+		if len(rest) > 0 {
+			return usageErr("sinks list takes no arguments, got %q", rest)
+		}
+	case "pause", "resume", "reset":
+		if len(rest) != 1 {
+			return usageErr("sinks %s takes one sink name, got %q", verb, rest)
+		}
 	default:
 		return usageErr("sinks: unknown verb %q: want %s", verb, sinksUsage)
 	}
+	if verb == "reset" {
+		if _, err := outbox.ParsePosition(o.to); err != nil {
+			return usageErr("sinks reset --to %q: want start, end or TXID:SEQ", o.to)
+		}
+	}
+	return nil
+}
+
+func sinksCommand() *command {
+	o := &sinksOpts{}
+	return &command{
+		name:    "sinks",
+		summary: "watch and steer the outbox's sinks: " + sinksUsage,
+		usage:   sinksUsage,
+		opts:    o,
+		run:     o.run,
+	}
+}
+
+func (o *sinksOpts) run(ctx context.Context, s *Session, args []string) error {
 	reg, err := s.Registry()
 	if err != nil {
 		return err
@@ -92,50 +75,45 @@ func (c *sinksCmd) run(ctx context.Context, s *Session, args []string) error {
 	}
 	// A registered sink is listed (and can be steered) before any worker ran.
 	if err := outboxw.EnsureSinks(ctx, db, reg); err != nil {
-		return notMigrated(err)
+		return pg.Translate(err)
 	}
-	switch verb {
+	switch verb := args[0]; verb {
 	case "list":
-		if len(rest) > 0 {
-			return usageErr("sinks list takes no arguments, got %q", rest)
-		}
-		return c.list(ctx, s, db)
+		return o.list(ctx, s, db)
 	case "pause", "resume":
-		name, err := wantName()
-		if err != nil {
-			return err
-		}
+		name := args[1]
 		f := outbox.PauseSink
 		if verb == "resume" {
 			f = outbox.ResumeSink
 		}
 		if err := f(ctx, db, name); err != nil {
-			return notMigrated(err)
+			return pg.Translate(err)
 		}
 		fmt.Fprintf(s.Env.Stdout, "sink %s %sd\n", name, verb)
 		return nil
 	default: // reset
-		name, err := wantName()
-		if err != nil {
-			return err
-		}
-		pos, err := outbox.ParsePosition(c.to)
-		if err != nil {
-			return fault.New(fault.InvalidArgument, "sinks reset --to %q: want start, end or TXID:SEQ", c.to)
-		}
-		before, err := outbox.SinkCursor(ctx, db, name)
-		if err != nil {
-			return notMigrated(err)
-		}
-		// A TXID:SEQ whose later events retention deleted is refused with
-		// INVALID_ARGUMENT naming the horizon and what to reset to instead.
-		after, err := outbox.ResetSink(ctx, db, name, pos)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(s.Env.Stdout, "sink %s reset to %s (was %s); it delivers what follows\n", name, after, before.Cursor)
-		return nil
+		return o.reset(ctx, s, db, args[1])
 	}
+}
+
+// reset moves sink name's cursor to --to. A TXID:SEQ whose later events
+// retention deleted is refused with INVALID_ARGUMENT naming the horizon and
+// what to reset to instead.
+func (o *sinksOpts) reset(ctx context.Context, s *Session, db *pg.Pool, name string) error {
+	pos, err := outbox.ParsePosition(o.to)
+	if err != nil {
+		return usageErr("sinks reset --to %q: want start, end or TXID:SEQ", o.to)
+	}
+	before, err := outbox.SinkCursor(ctx, db, name)
+	if err != nil {
+		return pg.Translate(err)
+	}
+	after, err := outbox.ResetSink(ctx, db, name, pos)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(s.Env.Stdout, "sink %s reset to %s (was %s); it delivers what follows\n", name, after, before.Cursor)
+	return nil
 }
 
 // sinkJSON is one sink in `sinks list --json`.
@@ -153,12 +131,12 @@ type sinkJSON struct {
 	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
 }
 
-func (c *sinksCmd) list(ctx context.Context, s *Session, db *pg.Pool) error {
+func (o *sinksOpts) list(ctx context.Context, s *Session, db *pg.Pool) error {
 	sinks, err := outbox.ListSinks(ctx, db)
 	if err != nil {
-		return notMigrated(err)
+		return pg.Translate(err)
 	}
-	if c.asJSON {
+	if o.asJSON {
 		out := make([]sinkJSON, 0, len(sinks))
 		for _, k := range sinks {
 			out = append(out, sinkJSON{Name: k.Name, Cursor: k.Cursor.String(), LagRows: k.LagRows, LagSeconds: k.LagAge.Seconds(),
@@ -195,21 +173,4 @@ func (c *sinksCmd) list(ctx context.Context, s *Session, db *pg.Pool) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%d\t%s\t%s\n", k.Name, k.Cursor, lag, age, k.Paused, k.Delivered, owner, lastErr)
 	}
 	return tw.Flush()
-}
-
-// oneLine shortens s to one line of at most n characters.
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if r := []rune(s); len(r) > n {
-		return string(r[:n-1]) + "…"
-	}
-	return s
-}
-
-// notMigrated turns "the outbox tables do not exist" into a clear INVALID_CONFIG.
-func notMigrated(err error) error {
-	if pg.SQLState(err) == "42P01" {
-		return fault.Wrap(fault.InvalidConfig, err, "the database has no outbox tables: run better-compute migrate first")
-	}
-	return err
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -20,30 +21,43 @@ import (
 	"github.com/bettercompute/bettercompute/workers"
 )
 
-func init() { commandSet = append(commandSet, workerCommand) }
+// workerOpts are worker's options: its flags are the configuration's
+// (--shards, --worker-id, …); it takes no arguments.
+type workerOpts struct{}
+
+func (*workerOpts) bind(*flag.FlagSet) {}
+func (*workerOpts) Validate(args []string) error {
+	if len(args) > 0 {
+		return usageErr("worker takes no arguments (use --shards), got %q", args)
+	}
+	return nil
+}
 
 func workerCommand() *command {
+	o := &workerOpts{}
 	return &command{
 		name:    "worker",
 		summary: "lease and work the given shards' queues (--shards, default all) under a stable identity (--worker-id: a restart takes its shards back at once); SIGTERM stops gracefully",
-		run: func(ctx context.Context, s *Session, args []string) error {
-			if len(args) > 0 {
-				return usageErr("worker takes no arguments (use --shards), got %q", args)
-			}
-			rt, err := s.StartWorker(ctx)
-			if err != nil {
-				return err
-			}
-			select {
-			case <-ctx.Done():
-			case <-rt.Done(): // another process took over this identity
-			}
-			if err := rt.Stop(context.Background()); err != nil {
-				return err
-			}
-			return rt.Err()
-		},
+		opts:    o,
+		run:     o.run,
 	}
+}
+
+// run runs until interrupted, or until another process took over this
+// worker's identity (CONFLICT).
+func (*workerOpts) run(ctx context.Context, s *Session, _ []string) error {
+	rt, err := s.StartWorker(ctx)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case <-rt.Done(): // another process took over this identity
+	}
+	if err := rt.Stop(context.Background()); err != nil {
+		return err
+	}
+	return rt.Err()
 }
 
 // ShardSet parses a shard set: "all", a range "0-7", a list "1,3,5", or a mix

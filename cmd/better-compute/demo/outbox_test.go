@@ -1,4 +1,4 @@
-package cli
+package demo
 
 import (
 	"context"
@@ -20,7 +20,8 @@ import (
 // dispatched and deleted.
 func TestOutboxDemo(t *testing.T) {
 	t.Parallel()
-	m := demoOutboxModule()
+	confirmations := newDemoConfirmations()
+	m := outboxModule(confirmations)
 	ms, err := migrate.FromFS(m.Name, m.Migrations)
 	require.NoError(t, err)
 	db := pgtest.New(t, pgtest.Options{Groups: []migrate.Group{{Owner: m.Name, Migrations: ms}}})
@@ -31,7 +32,7 @@ func TestOutboxDemo(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); runOutboxDemo(ctx, &Session{Log: rt.Log()}, db.Pool, 50*time.Millisecond) }()
+	go func() { defer close(done); runOutboxDemo(ctx, rt.Log(), db.Pool, confirmations, 50*time.Millisecond) }()
 	workertest.WaitFor(t, 30*time.Second, "demo orders", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM demo_outbox_orders`) >= 5
 	})
@@ -45,7 +46,7 @@ func TestOutboxDemo(t *testing.T) {
 		return s.Delivered == int64(orders) && s.LagRows == 0
 	})
 	workertest.WaitFor(t, 30*time.Second, "every confirmation dispatched", func() bool {
-		_, err := demoConfirmations.Reconcile(context.Background(), db.Pool)
+		_, err := confirmations.Reconcile(context.Background(), db.Pool)
 		require.NoError(t, err)
 		return db.MustCount(t, `SELECT count(*) FROM demo_outbox_confirmations`) == 0
 	})

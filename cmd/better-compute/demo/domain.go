@@ -1,34 +1,24 @@
-package cli
+package demo
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
 
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/domain/capacity"
 	"github.com/bettercompute/bettercompute/domain/quorum"
-	"github.com/bettercompute/bettercompute/migrations"
 	"github.com/bettercompute/bettercompute/platform/clock"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 	quorumworkers "github.com/bettercompute/bettercompute/workers/quorum"
 )
-
-func init() {
-	demos = append(demos, Demo{
-		Name:   "domain",
-		Module: demoDomainModule,
-		Run: func(ctx context.Context, s *Session, rt *workers.Runtime) {
-			runDomainDemo(ctx, s, rt.Pool(), defaultDomainDemo)
-		},
-	})
-}
 
 // The dev demo's capacity fixtures and quorum batch kind.
 const (
@@ -54,11 +44,13 @@ var defaultDomainDemo = domainDemo{Every: time.Second, HoldTTL: 20 * time.Second
 // demoDomainModule is the capacity and quorum demo (registered by dev only):
 // the applier of demo_change batches, which writes each item to
 // demo_domain_changes in the fenced apply transaction.
-func demoDomainModule() Module {
-	sub, _ := fs.Sub(migrations.FS, "demo_domain")
-	return Module{
+func demoDomainModule() cli.Module {
+	return cli.Module{
 		Name:       "demo_domain",
-		Migrations: sub,
+		Migrations: migrationsOf("demo_domain"),
+		Dev: func(ctx context.Context, db *pg.Pool, log zerolog.Logger) {
+			runDomainDemo(ctx, log, db, defaultDomainDemo)
+		},
 		Register: func(r *workers.Registry) error {
 			return quorumworkers.Handle(r, DemoChangeKind, func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
 				for i, it := range b.Items {
@@ -121,10 +113,10 @@ func ensureDemoPool(ctx context.Context, db *pg.Pool) error {
 // fifth step an agent proposes a batch of changes that voters vote on (four
 // voters, quorum three): most commit and show as quorum_apply jobs, some fall
 // short and expire at their deadline (quorum_expiry).
-func runDomainDemo(ctx context.Context, s *Session, db *pg.Pool, cfg domainDemo) {
+func runDomainDemo(ctx context.Context, log zerolog.Logger, db *pg.Pool, cfg domainDemo) {
 	if err := ensureDemoPool(ctx, db); err != nil {
 		if ctx.Err() == nil {
-			s.Log.Warn().Err(err).Msg("domain demo: cannot create the demo pool; the demo does not run")
+			log.Warn().Err(err).Msg("domain demo: cannot create the demo pool; the demo does not run")
 		}
 		return
 	}
@@ -147,16 +139,16 @@ func runDomainDemo(ctx context.Context, s *Session, db *pg.Pool, cfg domainDemo)
 				recent = recent[1:]
 			}
 		} else if !fault.Has(err, fault.Conflict) && ctx.Err() == nil {
-			s.Log.Warn().Err(err).Msg("domain demo: reserve failed")
+			log.Warn().Err(err).Msg("domain demo: reserve failed")
 		}
 		if len(recent) > 0 {
 			if err := demoTouch(ctx, db, recent[rand.IntN(len(recent))]); err != nil && !fault.Has(err, fault.Conflict) && ctx.Err() == nil {
-				s.Log.Warn().Err(err).Msg("domain demo: a hold change failed")
+				log.Warn().Err(err).Msg("domain demo: a hold change failed")
 			}
 		}
 		if step%5 == 1 {
 			if err := demoBatch(ctx, db, cfg, step); err != nil && ctx.Err() == nil {
-				s.Log.Warn().Err(err).Msg("domain demo: a quorum batch failed")
+				log.Warn().Err(err).Msg("domain demo: a quorum batch failed")
 			}
 		}
 	}

@@ -1,4 +1,4 @@
-package cli
+package demo
 
 import (
 	"context"
@@ -7,24 +7,20 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/platform/migrate"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
-// TestDomainModulesAreBuiltIn: the capacity and quorum modules register their
-// workers in every worker process, and the demo's applier joins them.
-func TestDomainModulesAreBuiltIn(t *testing.T) {
+// TestDomainDemoRegisters: the demo's quorum applier joins the built-in
+// capacity and quorum modules' workers in one registry.
+func TestDomainDemoRegisters(t *testing.T) {
 	t.Parallel()
-	var names []string
-	for _, m := range builtinModules() {
-		names = append(names, m.Name)
-	}
-	require.Contains(t, names, "capacity")
-	require.Contains(t, names, "quorum")
-	s := &Session{App: &App{}, extraModules: []Module{demoDomainModule()}}
-	_, err := s.Registry()
+	_, err := cli.App{Modules: []cli.Module{demoDomainModule()}}.Registry()
 	require.NoError(t, err)
+	_, err = cli.App{Modules: []cli.Module{demoDomainModule(), demoDomainModule()}}.Registry()
+	require.Error(t, err, "the applier of demo_change registered twice")
 }
 
 // TestDomainDemo runs dev's capacity and quorum demo on a worker with the
@@ -36,8 +32,7 @@ func TestDomainDemo(t *testing.T) {
 	ms, err := migrate.FromFS(m.Name, m.Migrations)
 	require.NoError(t, err)
 	db := pgtest.New(t, pgtest.Options{Groups: []migrate.Group{{Owner: m.Name, Migrations: ms}}})
-	s := &Session{App: &App{}, extraModules: []Module{m}}
-	reg, err := s.Registry()
+	reg, err := cli.App{Modules: []cli.Module{m}}.Registry()
 	require.NoError(t, err)
 	rt := workertest.Start(t, db.Pool, reg, nil)
 
@@ -45,7 +40,7 @@ func TestDomainDemo(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		runDomainDemo(ctx, &Session{Log: rt.Log()}, db.Pool, domainDemo{Every: 50 * time.Millisecond, HoldTTL: 500 * time.Millisecond, VoteWindow: time.Second})
+		runDomainDemo(ctx, rt.Log(), db.Pool, domainDemo{Every: 50 * time.Millisecond, HoldTTL: 500 * time.Millisecond, VoteWindow: time.Second})
 	}()
 	defer func() { cancel(); <-done }()
 	workertest.WaitFor(t, 60*time.Second, "holds expired by their job, batches applied and expired", func() bool {

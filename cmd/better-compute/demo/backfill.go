@@ -1,28 +1,18 @@
-package cli
+package demo
 
 import (
 	"context"
-	"io/fs"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
 
-	"github.com/bettercompute/bettercompute/migrations"
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/backfill"
 )
-
-func init() {
-	demos = append(demos, Demo{
-		Name:   "backfill",
-		Module: demoBackfillModule,
-		Run: func(ctx context.Context, s *Session, rt *workers.Runtime) {
-			runBackfillDemo(ctx, s, rt.Pool(), 5*time.Second, time.Minute)
-		},
-	})
-}
 
 // DemoBackfill is the name of dev's demo backfill: its jobs show in River UI
 // under the kind backfill_demo_greetings.
@@ -53,12 +43,14 @@ WHERE id = ANY (ARRAY(
 
 // demoBackfillModule is the backfill demo's module (registered by dev, and by
 // the backfill verbs with --demo).
-func demoBackfillModule() Module {
-	sub, _ := fs.Sub(migrations.FS, "demo_backfill")
-	return Module{
+func demoBackfillModule() cli.Module {
+	return cli.Module{
 		Name:       "demo_backfill",
-		Migrations: sub,
-		Register:   func(r *workers.Registry) error { return backfill.Register(r, demoGreetings()) },
+		Migrations: migrationsOf("demo_backfill"),
+		Dev: func(ctx context.Context, db *pg.Pool, log zerolog.Logger) {
+			runBackfillDemo(ctx, log, db, 5*time.Second, time.Minute)
+		},
+		Register: func(r *workers.Registry) error { return backfill.Register(r, demoGreetings()) },
 	}
 }
 
@@ -66,7 +58,7 @@ func demoBackfillModule() Module {
 // started, and again `again` after it is done (having forgotten some greetings),
 // checking every `every` until ctx ends. A paused or cancelled demo backfill is
 // left as the operator left it.
-func runBackfillDemo(ctx context.Context, s *Session, db *pg.Pool, every, again time.Duration) {
+func runBackfillDemo(ctx context.Context, log zerolog.Logger, db *pg.Pool, every, again time.Duration) {
 	b := demoGreetings()
 	for {
 		p, err := backfill.Get(ctx, db, b.Name)
@@ -84,7 +76,7 @@ WHERE id IN (SELECT id FROM demo_backfill_people ORDER BY random() LIMIT 4000)`)
 			}
 		}
 		if err != nil && ctx.Err() == nil && !fault.Has(err, fault.Conflict) {
-			s.Log.Warn().Err(err).Msg("demo: backfill")
+			log.Warn().Err(err).Msg("demo: backfill")
 		}
 		select {
 		case <-ctx.Done():

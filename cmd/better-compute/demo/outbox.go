@@ -1,30 +1,20 @@
-package cli
+package demo
 
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
 
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/domain/outbox"
-	"github.com/bettercompute/bettercompute/migrations"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 	outboxw "github.com/bettercompute/bettercompute/workers/outbox"
 )
-
-func init() {
-	demos = append(demos, Demo{
-		Name:   "outbox",
-		Module: demoOutboxModule,
-		Run: func(ctx context.Context, s *Session, rt *workers.Runtime) {
-			runOutboxDemo(ctx, s, rt.Pool(), 2*time.Second)
-		},
-	})
-}
 
 // DemoOutboxTopic is the topic of the demo's events: watch them with
 //
@@ -44,7 +34,7 @@ type demoConfirmation struct {
 // demoConfirmations is the demo's table dispatcher: it "sends" each order's
 // confirmation (a log line), in order per customer, failing now and then to
 // show a retry.
-var demoConfirmations = func() *outboxw.Dispatcher[demoConfirmation] {
+func newDemoConfirmations() *outboxw.Dispatcher[demoConfirmation] {
 	d, err := outboxw.NewDispatcher(outboxw.DispatcherOptions[demoConfirmation]{
 		Name: "demo_confirmations", Table: "demo_outbox_confirmations", OrderBy: "customer", Sequence: "seq",
 		Publish: func(ctx context.Context, c demoConfirmation) error {
@@ -63,15 +53,21 @@ var demoConfirmations = func() *outboxw.Dispatcher[demoConfirmation] {
 		panic(err)
 	}
 	return d
-}()
+}
 
-// demoOutboxModule is the outbox demo (registered by dev only): a log sink that
-// prints every demo event, and the confirmations dispatcher.
-func demoOutboxModule() Module {
-	sub, _ := fs.Sub(migrations.FS, "demo_outbox")
-	return Module{
+// demoOutboxModule is the outbox demo: a log sink that prints every demo
+// event, and the confirmations dispatcher, which the module carries into the
+// registry and into its Dev loop (which notifies it after each order).
+func demoOutboxModule() cli.Module { return outboxModule(newDemoConfirmations()) }
+
+// outboxModule is the outbox demo with its confirmations dispatcher.
+func outboxModule(confirmations *outboxw.Dispatcher[demoConfirmation]) cli.Module {
+	return cli.Module{
 		Name:       "demo_outbox",
-		Migrations: sub,
+		Migrations: migrationsOf("demo_outbox"),
+		Dev: func(ctx context.Context, db *pg.Pool, log zerolog.Logger) {
+			runOutboxDemo(ctx, log, db, confirmations, 2*time.Second)
+		},
 		Register: func(r *workers.Registry) error {
 			if err := outboxw.RegisterSink(r, outboxw.Sink{
 				Name:   "demo_log",
@@ -87,7 +83,7 @@ func demoOutboxModule() Module {
 			}); err != nil {
 				return err
 			}
-			return outboxw.RegisterDispatcher(r, demoConfirmations)
+			return outboxw.RegisterDispatcher(r, confirmations)
 		},
 	}
 }
@@ -95,7 +91,7 @@ func demoOutboxModule() Module {
 // runOutboxDemo places an order every interval until ctx is done: one
 // transaction inserts the order, appends its event and writes its confirmation
 // to the outbox table; after the commit, Notify starts a dispatcher pass.
-func runOutboxDemo(ctx context.Context, s *Session, db *pg.Pool, every time.Duration) {
+func runOutboxDemo(ctx context.Context, log zerolog.Logger, db *pg.Pool, confirmations *outboxw.Dispatcher[demoConfirmation], every time.Duration) {
 	customers := []string{"ada", "grace", "edsger", "barbara", "ken"}
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -119,10 +115,10 @@ func runOutboxDemo(ctx context.Context, s *Session, db *pg.Pool, every time.Dura
 			return err
 		})
 		if err == nil {
-			err = demoConfirmations.Notify(ctx, db)
+			err = confirmations.Notify(ctx, db)
 		}
 		if err != nil && ctx.Err() == nil {
-			s.Log.Warn().Err(err).Msg("outbox demo: placing an order failed")
+			log.Warn().Err(err).Msg("outbox demo: placing an order failed")
 		}
 	}
 }

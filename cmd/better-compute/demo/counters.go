@@ -1,40 +1,32 @@
-package cli
+package demo
 
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
 
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/jobs"
-	"github.com/bettercompute/bettercompute/migrations"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 )
-
-func init() {
-	demos = append(demos, Demo{
-		Name:   "counters",
-		Module: demoModule,
-		Run: func(ctx context.Context, s *Session, rt *workers.Runtime) {
-			runDemo(ctx, s, rt.Pool(), 500*time.Millisecond)
-		},
-	})
-}
 
 // DemoReconciler is the dev demo's reconciler kind.
 const DemoReconciler = "demo_counter"
 
 // demoModule is dev's demo: a table of counters and a reconciler that copies each
 // counter's value to its reconciled column. It is registered by dev only.
-func demoModule() Module {
-	sub, _ := fs.Sub(migrations.FS, "demo")
-	return Module{
+func demoModule() cli.Module {
+	return cli.Module{
 		Name:       "demo",
-		Migrations: sub,
+		Migrations: migrationsOf("demo"),
+		Dev: func(ctx context.Context, db *pg.Pool, log zerolog.Logger) {
+			runDemo(ctx, log, db, 500*time.Millisecond)
+		},
 		Register: func(r *workers.Registry) error {
 			return r.Reconciler(workers.Reconciler{
 				Kind: DemoReconciler,
@@ -56,7 +48,7 @@ func demoModule() Module {
 
 // runDemo changes a random counter and marks it dirty, in one transaction, every
 // interval, until ctx is done: the application side of the demo.
-func runDemo(ctx context.Context, s *Session, db *pg.Pool, every time.Duration) {
+func runDemo(ctx context.Context, log zerolog.Logger, db *pg.Pool, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -73,7 +65,7 @@ func runDemo(ctx context.Context, s *Session, db *pg.Pool, every time.Duration) 
 			return jobs.Dirty(ctx, tx, DemoReconciler, id, nil)
 		})
 		if err != nil && ctx.Err() == nil {
-			s.Log.Warn().Err(err).Msg("demo: change failed")
+			log.Warn().Err(err).Msg("demo: change failed")
 		}
 	}
 }

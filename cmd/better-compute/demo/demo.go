@@ -1,0 +1,49 @@
+// Package demo is the better-compute binary's demo application: what
+// `better-compute dev` (and `go tool task dev`) runs on the embedded database
+// to show the whole system working. Each demo is a cli.Module with its own
+// tables (migrations embedded here, owners demo, demo_backfill, demo_domain and
+// demo_outbox), what it registers, and a Dev loop that plays the application:
+//
+//   - counters (owner demo): a table of counters and the demo_counter
+//     reconciler, which copies each counter's value to its reconciled column;
+//     the loop changes a random counter and marks it dirty, every 500 ms.
+//   - backfill: demo_greetings fills in a greeting per person, 200 rows a batch;
+//     the loop starts it, and again a minute after it is done.
+//   - domain: capacity reservations on a pool of demo GPUs and quorum batches of
+//     kind demo_change, applied into demo_domain_changes.
+//   - outbox: orders whose events a log sink prints, and a table dispatcher that
+//     "sends" each order's confirmation.
+//
+// Only cmd/better-compute's main imports this package
+// (cli.Main(cli.App{Modules: demo.Modules()})): an application's binary
+// carries none of it.
+package demo
+
+import (
+	"embed"
+	"io/fs"
+
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+)
+
+// migrations holds each demo's migrations, one directory per owner. Landed
+// migrations are never edited, renamed or removed (they moved here from the
+// repository's migrations/ directory with their owners and names unchanged, so
+// databases that dev migrated before stay accounted for).
+//
+//go:embed migrations/*/*.sql
+var migrations embed.FS
+
+// migrationsOf is owner's migrations directory.
+func migrationsOf(owner string) fs.FS {
+	sub, err := fs.Sub(migrations, "migrations/"+owner)
+	if err != nil {
+		panic(err) // a constant path into an embedded FS
+	}
+	return sub
+}
+
+// Modules are the demo application's modules, in registration order.
+func Modules() []cli.Module {
+	return []cli.Module{demoModule(), demoBackfillModule(), demoDomainModule(), demoOutboxModule()}
+}

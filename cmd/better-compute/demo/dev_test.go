@@ -1,0 +1,86 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers/backfill"
+	"github.com/bettercompute/bettercompute/workers/workertest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// run runs one command line of app in-process against env (KEY=VALUE).
+func run(t *testing.T, ctx context.Context, app cli.App, env []string, args ...string) result {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := cli.Run(ctx, app, args, cli.Env{Stdout: &stdout, Stderr: &stderr, Environ: env})
+	t.Logf("%s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
+	return result{code, stdout.String(), stderr.String()}
+}
+
+// TestDevRunsTheDemoApplication: dev of the better-compute binary (the demo
+// application) migrates the demos' tables and runs their Dev loops: the
+// counters are reconciled and the demo backfill runs under its own job kind.
+// Its verbs know the demo backfill and its doctor the demo reconciler; an
+// application without the demos knows neither.
+func TestDevRunsTheDemoApplication(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	env := []string{"BETTER_COMPUTE_DATABASE_URL=" + db.URL, "BETTER_COMPUTE_LOG_LEVEL=warn",
+		"BETTER_COMPUTE_LISTEN=127.0.0.1:0", "BETTER_COMPUTE_POLL_INTERVAL=20ms"}
+	app := cli.App{Modules: Modules()}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan result, 1)
+	go func() { done <- run(t, ctx, app, env, "dev") }()
+	workertest.WaitFor(t, 60*time.Second, "the demo backfill's batches and reconciled counters", func() bool {
+		var batches, reconciled int
+		err := db.QueryRow(context.Background(), `SELECT
+			(SELECT count(*) FROM river_job WHERE kind = 'backfill_demo_greetings' AND state = 'completed'),
+			(SELECT count(*) FROM demo_counters WHERE value > 0 AND reconciled = value)`).Scan(&batches, &reconciled)
+		return err == nil && batches >= 2 && reconciled >= 1
+	})
+	p, err := backfill.Get(context.Background(), db.Pool, DemoBackfill)
+	require.NoError(t, err)
+	require.Equal(t, backfill.Running, p.State)
+	require.Greater(t, p.RowsDone, int64(0))
+
+	r := run(t, context.Background(), app, env, "backfill", "status", DemoBackfill)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `(?m)^state:\s+running`, r.stdout)
+	r = run(t, context.Background(), cli.App{}, env, "backfill", "status", DemoBackfill)
+	require.Equal(t, 1, r.code, "an application without the demos does not know it")
+	require.Contains(t, r.stderr, "NOT_FOUND: unknown backfill")
+	cancel()
+	select {
+	case r := <-done:
+		require.Equal(t, 0, r.code, r.stderr)
+	case <-time.After(60 * time.Second):
+		t.Fatal("dev did not stop")
+	}
+
+	// A dirty key of the demo reconciler: the demo application's doctor knows
+	// the kind, an application without the demos names it as unhandled.
+	require.NoError(t, pg.InTx(context.Background(), db.Pool, nil, func(tx pgx.Tx) error {
+		return jobs.Dirty(context.Background(), tx, DemoReconciler, "counter-999", nil)
+	}))
+	r = run(t, context.Background(), app, env, "doctor")
+	require.NotRegexp(t, `(?m)^FAIL\s+reconcilers\s`, r.stdout)
+	r = run(t, context.Background(), cli.App{}, env, "doctor")
+	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+.*`+DemoReconciler+` \(\d+ keys?\)`, r.stdout)
+}
