@@ -125,20 +125,7 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 	if o.Pool == nil {
 		return nil, fault.New(fault.InvalidConfig, "workers: no pool")
 	}
-	if o.Registry == nil {
-		o.Registry = NewRegistry()
-	}
-	o.LeaseTTL = cmpOr(o.LeaseTTL, config.DefaultLeaseTTL)
-	o.LeaseRenew = cmpOr(o.LeaseRenew, config.DefaultLeaseRenew)
-	o.StopGrace = cmpOr(o.StopGrace, config.DefaultStopGrace)
-	o.PollInterval = cmpOr(o.PollInterval, config.DefaultPollInterval)
-	o.ResyncEvery = cmpOr(o.ResyncEvery, config.DefaultResyncEvery)
-	if o.WorkersPerShard <= 0 {
-		o.WorkersPerShard = config.DefaultWorkersPerShard
-	}
-	if o.MaintenanceWorkers <= 0 {
-		o.MaintenanceWorkers = config.DefaultMaintenanceWorkers
-	}
+	o = o.withDefaults()
 	count, err := migrate.ShardCount(ctx, o.Pool)
 	if err != nil {
 		return nil, err
@@ -148,19 +135,7 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 			return nil, fault.New(fault.InvalidConfig, "shard %d is out of range: this deployment has %d shards (0-%d)", s, count, count-1)
 		}
 	}
-	rt := &Runtime{
-		o: o, pool: o.Pool, log: o.Log, shardCount: count, anchor: &clock.Anchor{},
-		metrics:  o.Metrics,
-		inFlight: map[string]map[int64]context.CancelCauseFunc{},
-		active:   map[string]bool{},
-		queueOps: make(chan queueOp, 4*len(o.Shards)+16),
-		opsDone:  make(chan struct{}),
-		done:     make(chan struct{}),
-		owner:    insertOnlyID(),
-	}
-	if rt.metrics == nil {
-		rt.metrics = &Metrics{}
-	}
+	rt := newRuntime(o, count)
 	if err := rt.anchor.Sample(ctx, o.Pool); err != nil && !fault.Has(err, fault.ClockSkew) {
 		return nil, err
 	} else if err != nil {
@@ -175,7 +150,63 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 			return nil, err
 		}
 	}
+	if rt.client, err = river.NewClient(riverpgxv5.New(o.Pool.Pool), rt.riverConfig()); err != nil {
+		rt.retire()
+		return nil, fault.Wrap(fault.InvalidConfig, err, "cannot configure River")
+	}
+	rt.runCtx, rt.runCancel = context.WithCancel(context.WithoutCancel(ctx))
+	if !o.Work {
+		return rt, nil
+	}
+	if err := rt.run(names); err != nil {
+		return nil, err
+	}
+	rt.log.Info().Str("owner", rt.owner).Str("identity", rt.inc.Identity).Int64("incarnation", rt.inc.Number).Ints("shards", o.Shards).Int("shard_count", count).Msg("worker started")
+	return rt, nil
+}
 
+// withDefaults is o with its zero fields defaulted (platform/config's defaults).
+func (o Options) withDefaults() Options {
+	if o.Registry == nil {
+		o.Registry = NewRegistry()
+	}
+	o.LeaseTTL = cmpOr(o.LeaseTTL, config.DefaultLeaseTTL)
+	o.LeaseRenew = cmpOr(o.LeaseRenew, config.DefaultLeaseRenew)
+	o.StopGrace = cmpOr(o.StopGrace, config.DefaultStopGrace)
+	o.PollInterval = cmpOr(o.PollInterval, config.DefaultPollInterval)
+	o.ResyncEvery = cmpOr(o.ResyncEvery, config.DefaultResyncEvery)
+	if o.WorkersPerShard <= 0 {
+		o.WorkersPerShard = config.DefaultWorkersPerShard
+	}
+	if o.MaintenanceWorkers <= 0 {
+		o.MaintenanceWorkers = config.DefaultMaintenanceWorkers
+	}
+	return o
+}
+
+// newRuntime is a Runtime of o, not started, for a deployment of count shards.
+func newRuntime(o Options, count int) *Runtime {
+	rt := &Runtime{
+		o: o, pool: o.Pool, log: o.Log, shardCount: count, anchor: &clock.Anchor{},
+		metrics:  o.Metrics,
+		inFlight: map[string]map[int64]context.CancelCauseFunc{},
+		active:   map[string]bool{},
+		queueOps: make(chan queueOp, 4*len(o.Shards)+16),
+		opsDone:  make(chan struct{}),
+		done:     make(chan struct{}),
+		owner:    insertOnlyID(),
+	}
+	if rt.metrics == nil {
+		rt.metrics = &Metrics{}
+	}
+	return rt
+}
+
+// riverConfig is the River client's configuration: poll-only, our middleware
+// and error handler, and for a working runtime the maintenance queue and the
+// periodic jobs (the shard queues are added as their leases are taken).
+func (rt *Runtime) riverConfig() *river.Config {
+	o := rt.o
 	cfg := &river.Config{
 		ID:                rt.owner,
 		Logger:            logging.Slog(o.Log.With().Str("component", "river").Logger()),
@@ -195,28 +226,42 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 		cfg.Queues = map[string]river.QueueConfig{jobs.MaintenanceQueue: {MaxWorkers: o.MaintenanceWorkers}}
 		cfg.PeriodicJobs = append(rt.resyncJobs(), o.Registry.periodic...)
 	}
-	client, err := river.NewClient(riverpgxv5.New(o.Pool.Pool), cfg)
-	if err != nil {
-		rt.retire()
-		return nil, fault.Wrap(fault.InvalidConfig, err, "cannot configure River")
-	}
-	rt.client = client
-	rt.runCtx, rt.runCancel = context.WithCancel(context.WithoutCancel(ctx))
-	if !o.Work {
-		return rt, nil
-	}
+	return cfg
+}
 
-	if err := client.Start(rt.runCtx); err != nil {
+// run starts a working runtime: the River client, the queue loop, the identity
+// heartbeat, the lease keeper wanting the shards' leases, and the registry's
+// start hooks. On an error it leaves nothing running.
+func (rt *Runtime) run(names []string) error {
+	if err := rt.client.Start(rt.runCtx); err != nil {
 		rt.runCancel()
 		rt.retire()
-		return nil, fault.Wrap(fault.Unavailable, err, "cannot start River")
+		return fault.Wrap(fault.Unavailable, err, "cannot start River")
 	}
 	go rt.queueLoop()
 	go rt.inc.Run(rt.runCtx, rt.halt, func(err error) {
 		rt.log.Debug().Err(err).Msg("heartbeat failed; retrying")
 	})
+	rt.keeper = rt.newKeeper()
+	rt.keeper.Want(names...)
+	rt.keeperWG.Add(1)
+	go func() { defer rt.keeperWG.Done(); rt.keeper.Run(rt.runCtx) }()
 
-	rt.keeper = lease.NewKeeper(lease.KeeperOptions{
+	for _, f := range rt.o.Registry.onStart {
+		if err := f(rt.runCtx, rt); err != nil {
+			_ = rt.Stop(context.Background())
+			return err
+		}
+	}
+	return nil
+}
+
+// newKeeper is the runtime's lease keeper: at a takeover and after every round
+// it hands back the shard jobs it owns but does not work; acquired and lost
+// leases add and remove their queues.
+func (rt *Runtime) newKeeper() *lease.Keeper {
+	o := rt.o
+	return lease.NewKeeper(lease.KeeperOptions{
 		DB: o.Pool, Owner: rt.owner, TTL: o.LeaseTTL, Renew: o.LeaseRenew, Anchor: rt.anchor,
 		Log: o.Log.With().Str("component", "lease").Logger(),
 		Taken: func(ctx context.Context, tx pgx.Tx, l lease.Lease) error {
@@ -230,18 +275,6 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 		OnAcquired: func(l lease.Lease) { rt.leaseChanged(l, true) },
 		OnLost:     func(l lease.Lease) { rt.leaseChanged(l, false) },
 	})
-	rt.keeper.Want(names...)
-	rt.keeperWG.Add(1)
-	go func() { defer rt.keeperWG.Done(); rt.keeper.Run(rt.runCtx) }()
-
-	for _, f := range o.Registry.onStart {
-		if err := f(rt.runCtx, rt); err != nil {
-			_ = rt.Stop(context.Background())
-			return nil, err
-		}
-	}
-	rt.log.Info().Str("owner", rt.owner).Str("identity", rt.inc.Identity).Int64("incarnation", rt.inc.Number).Ints("shards", o.Shards).Int("shard_count", count).Msg("worker started")
-	return rt, nil
 }
 
 func cmpOr(d, def time.Duration) time.Duration {
