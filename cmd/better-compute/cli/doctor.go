@@ -135,6 +135,25 @@ func errParts(err error) (fault.Code, string) {
 // the database's owner sees everything it checks, except other roles'
 // transactions, which it reports as such.
 func (s *Session) Doctor(ctx context.Context, opts ...DoctorOptions) []Check {
+	o := doctorOptions(opts)
+	r := &report{}
+	db, ok := s.doctorConnect(ctx, r)
+	if !ok {
+		return r.checks
+	}
+	now := serverClock(ctx, db)
+	s.doctorPostgres(ctx, db, r)
+	s.doctorFeatures(ctx, db, r)
+	s.doctorGist(ctx, db, r)
+	s.doctorLedger(ctx, db, r)
+	s.doctorClock(ctx, db, r)
+	s.doctorSnapshot(ctx, db, r, now, o.MaxXactAge)
+	s.doctorWork(ctx, db, r, now)
+	return r.checks
+}
+
+// doctorOptions is the first of opts, or the zero options, with defaults set.
+func doctorOptions(opts []DoctorOptions) DoctorOptions {
 	var o DoctorOptions
 	if len(opts) > 0 {
 		o = opts[0]
@@ -142,45 +161,43 @@ func (s *Session) Doctor(ctx context.Context, opts ...DoctorOptions) []Check {
 	if o.MaxXactAge <= 0 {
 		o.MaxXactAge = MaxXactAgeDefault
 	}
-	r := &report{}
-	add := r.add
+	return o
+}
+
+// doctorConnect checks that the database can be reached and returns its pool;
+// false when it cannot (no other check can run).
+func (s *Session) doctorConnect(ctx context.Context, r *report) (*pg.Pool, bool) {
 	db, err := s.Pool(ctx)
 	if err != nil {
 		r.fail("connect", err, "")
-		return r.checks
+		return nil, false
 	}
-	add("connect", true, "connected (%d connections at most)", db.Config().MaxConns)
+	r.add("connect", true, "connected (%d connections at most)", db.Config().MaxConns)
+	return db, true
+}
 
-	// The server's clock, read once: doctor measures every age against it.
-	// (Should the read fail, the next checks say why; ages use this process's clock.)
-	serverNow := time.Now()
-	_ = db.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&serverNow)
+// serverClock reads the server's clock once: doctor measures every age against
+// it. (Should the read fail, the next checks say why; ages use this process's clock.)
+func serverClock(ctx context.Context, db *pg.Pool) time.Time {
+	now := time.Now()
+	_ = db.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&now)
+	return now
+}
 
+// doctorPostgres checks the server's version: PostgreSQL 15 or newer.
+func (s *Session) doctorPostgres(ctx context.Context, db *pg.Pool, r *report) {
 	var version int
 	var versionText string
 	if err := db.QueryRow(ctx, "SELECT current_setting('server_version_num')::int, current_setting('server_version')").Scan(&version, &versionText); err != nil {
 		r.fail("postgres", err, "cannot read the server version")
 	} else {
-		add("postgres", version >= 150000, "PostgreSQL %s (15 or newer required)", versionText)
+		r.add("postgres", version >= 150000, "PostgreSQL %s (15 or newer required)", versionText)
 	}
+}
 
-	// Features the store needs, each probed in a transaction that is rolled back,
-	// on objects any role may use (never a catalog: a non-superuser may not lock
-	// pg_class rows).
-	feature := func(stmts ...string) error {
-		err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
-			for _, sql := range stmts {
-				if _, err := tx.Exec(ctx, sql); err != nil {
-					return err
-				}
-			}
-			return errRollback
-		})
-		if errors.Is(err, errRollback) {
-			return nil
-		}
-		return err
-	}
+// doctorFeatures checks the features the store needs: xid8, range types and
+// FOR UPDATE SKIP LOCKED.
+func (s *Session) doctorFeatures(ctx context.Context, db *pg.Pool, r *report) {
 	var missing []string
 	for _, f := range []struct {
 		name  string
@@ -194,76 +211,103 @@ func (s *Session) Doctor(ctx context.Context, opts ...DoctorOptions) []Check {
 			"SELECT id FROM doctor_skip_locked FOR UPDATE SKIP LOCKED",
 		}},
 	} {
-		if err := feature(f.stmts...); err != nil {
+		if err := probeFeature(ctx, db, f.stmts...); err != nil {
 			_, msg := errParts(err)
 			missing = append(missing, fmt.Sprintf("%s (%s)", f.name, msg))
 		}
 	}
 	if len(missing) > 0 {
-		add("features", false, "missing: %s", strings.Join(missing, "; "))
+		r.add("features", false, "missing: %s", strings.Join(missing, "; "))
 	} else {
-		add("features", true, "xid8, range types, FOR UPDATE SKIP LOCKED")
+		r.add("features", true, "xid8, range types, FOR UPDATE SKIP LOCKED")
 	}
+}
 
+// probeFeature runs stmts in a transaction that is rolled back, and returns the
+// first one's error. The statements use objects any role may use (never a
+// catalog: a non-superuser may not lock pg_class rows).
+func probeFeature(ctx context.Context, db *pg.Pool, stmts ...string) error {
+	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+		for _, sql := range stmts {
+			if _, err := tx.Exec(ctx, sql); err != nil {
+				return err
+			}
+		}
+		return errRollback
+	})
+	if errors.Is(err, errRollback) {
+		return nil
+	}
+	return err
+}
+
+// doctorGist checks that btree_gist is installed and an exclusion constraint
+// works, or says how to get it.
+func (s *Session) doctorGist(ctx context.Context, db *pg.Pool, r *report) {
 	var haveGist bool
 	var gistAvailable bool
 	_ = db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'btree_gist'),
 		EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'btree_gist')`).Scan(&haveGist, &gistAvailable)
 	switch {
 	case haveGist:
-		if err := feature(`CREATE TEMP TABLE doctor_exclude (d int, during tstzrange,
+		if err := probeFeature(ctx, db, `CREATE TEMP TABLE doctor_exclude (d int, during tstzrange,
 			EXCLUDE USING gist (d WITH =, during WITH &&)) ON COMMIT DROP`); err != nil {
 			r.fail("btree_gist", err, "installed, but an exclusion constraint fails")
 		} else {
-			add("btree_gist", true, "installed; EXCLUDE USING gist works")
+			r.add("btree_gist", true, "installed; EXCLUDE USING gist works")
 		}
 	case gistAvailable:
-		add("btree_gist", false, "not installed in this database (migrate creates it, or a superuser runs CREATE EXTENSION btree_gist once)")
+		r.add("btree_gist", false, "not installed in this database (migrate creates it, or a superuser runs CREATE EXTENSION btree_gist once)")
 	default:
-		add("btree_gist", false, "not available on this server: install PostgreSQL's contrib modules, then CREATE EXTENSION btree_gist")
+		r.add("btree_gist", false, "not available on this server: install PostgreSQL's contrib modules, then CREATE EXTENSION btree_gist")
 	}
+}
 
+// doctorLedger checks the migration ledger: nothing refused, nothing pending.
+func (s *Session) doctorLedger(ctx context.Context, db *pg.Pool, r *report) {
 	set, err := s.MigrationSet()
 	if err != nil {
 		r.fail("ledger", err, "")
-	} else if st, err := set.Check(ctx, db); err != nil {
-		r.fail("ledger", err, "")
-	} else {
-		switch {
-		case len(st.Refused) > 0:
-			add("ledger", false, "refused: %s", strings.Join(st.Refused, "; "))
-		case len(st.Pending) > 0:
-			add("ledger", false, "%d applied, %d pending (run migrate): %s", len(st.Applied), len(st.Pending), abbreviate(st.Pending, 5))
-		default:
-			add("ledger", true, "%d migrations applied, none pending; schema version %d", len(st.Applied), st.SchemaVersion)
-		}
+		return
 	}
+	st, err := set.Check(ctx, db)
+	switch {
+	case err != nil:
+		r.fail("ledger", err, "")
+	case len(st.Refused) > 0:
+		r.add("ledger", false, "refused: %s", strings.Join(st.Refused, "; "))
+	case len(st.Pending) > 0:
+		r.add("ledger", false, "%d applied, %d pending (run migrate): %s", len(st.Applied), len(st.Pending), abbreviate(st.Pending, 5))
+	default:
+		r.add("ledger", true, "%d migrations applied, none pending; schema version %d", len(st.Applied), st.SchemaVersion)
+	}
+}
 
+// doctorClock checks compute_now()'s mode and how far this process's clock (mode
+// system) or compute_now() (mode sim) is from the database clock.
+func (s *Session) doctorClock(ctx context.Context, db *pg.Pool, r *report) {
 	mode, err := clock.ModeOf(ctx, db)
 	switch {
 	case err != nil:
 		r.fail("clock", err, "")
+		return
 	case mode == clock.Missing:
-		add("clock", false, "compute_now() is missing (run migrate)")
-	default:
-		var a clock.Anchor
-		err := a.Sample(ctx, db)
-		skew, _ := a.Skew()
-		var dbSkew time.Duration
-		_ = db.QueryRow(ctx, "SELECT extract(epoch FROM compute_clock_skew())").Scan(&dbSkewSeconds{&dbSkew})
-		switch {
-		case err != nil:
-			r.fail("clock", err, "mode %s", mode)
-		case mode == clock.System:
-			add("clock", true, "mode system; this process is %s from the database clock", (-skew).Round(time.Millisecond))
-		default:
-			add("clock", mode == clock.Sim, "mode %s: compute_now() is %s from the database clock", mode, dbSkew.Round(time.Millisecond))
-		}
+		r.add("clock", false, "compute_now() is missing (run migrate)")
+		return
 	}
-
-	s.doctorSnapshot(ctx, db, r, serverNow, o.MaxXactAge)
-	s.doctorWork(ctx, db, r, serverNow)
-	return r.checks
+	var a clock.Anchor
+	err = a.Sample(ctx, db)
+	skew, _ := a.Skew()
+	var dbSkew time.Duration
+	_ = db.QueryRow(ctx, "SELECT extract(epoch FROM compute_clock_skew())").Scan(&dbSkewSeconds{&dbSkew})
+	switch {
+	case err != nil:
+		r.fail("clock", err, "mode %s", mode)
+	case mode == clock.System:
+		r.add("clock", true, "mode system; this process is %s from the database clock", (-skew).Round(time.Millisecond))
+	default:
+		r.add("clock", mode == clock.Sim, "mode %s: compute_now() is %s from the database clock", mode, dbSkew.Round(time.Millisecond))
+	}
 }
 
 var errRollback = fault.New(fault.Internal, "rollback")
@@ -367,62 +411,85 @@ FROM (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS x) s`
 // the snapshot for up to maxAge: a holder still there by then has been open that
 // long.
 func (s *Session) doctorSnapshot(ctx context.Context, db *pg.Pool, r *report, now time.Time, maxAge time.Duration) {
-	const name = "snapshot"
-	rows, err := db.Query(ctx, openXactsSQL)
-	if err != nil {
-		r.fail(name, err, "cannot list open transactions")
+	st, ok := readSnapshotState(ctx, db, r)
+	if !ok {
 		return
 	}
+	if long := oldestLongXacts(st.open, now, maxAge); len(long) > 0 {
+		x := long[0]
+		r.add(snapshotCheck, false, "a write transaction open longer than %s holds back every outbox reader on this server: %s; %s (%s)%s",
+			maxAge, x.describe(now), st.waiting(), x.ending(), moreLongXacts(long, maxAge))
+		return
+	}
+	if st.heldBack <= 0 {
+		r.add(snapshotCheck, true, "no write transaction open longer than %s holds back the outbox (%s open now)", maxAge, plural(len(st.open), "write transaction"))
+		return
+	}
+	doctorSnapshotHolder(ctx, db, r, st, now, maxAge)
+}
+
+// snapshotCheck is the snapshot check's name.
+const snapshotCheck = "snapshot"
+
+// snapshotState is what the snapshot check decides from.
+type snapshotState struct {
+	open     []xact // the server's write transactions
+	xmin     uint64 // a fresh snapshot's xmin
+	heldBack int    // this database's committed events below xmin; -1 without an event log
+}
+
+// readSnapshotState lists the server's open write transactions and reads a
+// snapshot's xmin and the events it holds back; false after reporting a failure.
+func readSnapshotState(ctx context.Context, db *pg.Pool, r *report) (snapshotState, bool) {
+	open, err := listOpenXacts(ctx, db)
+	if err != nil {
+		r.fail(snapshotCheck, err, "cannot list open transactions")
+		return snapshotState{}, false
+	}
+	st := snapshotState{open: open, heldBack: -1}
+	var haveEvents bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass('compute_events') IS NOT NULL`).Scan(&haveEvents); err != nil {
+		r.fail(snapshotCheck, err, "cannot look for the event log")
+		return snapshotState{}, false
+	}
+	var xminText string
+	if haveEvents {
+		err = db.QueryRow(ctx, heldBackSQL).Scan(&xminText, &st.heldBack)
+	} else {
+		err = db.QueryRow(ctx, snapshotXminSQL).Scan(&xminText)
+	}
+	if err != nil {
+		r.fail(snapshotCheck, err, "cannot read the snapshot")
+		return snapshotState{}, false
+	}
+	st.xmin, _ = strconv.ParseUint(xminText, 10, 64)
+	return st, true
+}
+
+// listOpenXacts lists the server's write transactions (openXactsSQL).
+func listOpenXacts(ctx context.Context, db *pg.Pool) ([]xact, error) {
+	rows, err := db.Query(ctx, openXactsSQL)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
 	var open []xact
 	for rows.Next() {
 		var x xact
 		var xid string
 		if err := rows.Scan(&x.Database, &x.PID, &x.User, &x.App, &x.State, &x.GID, &x.Start, &xid); err != nil {
-			rows.Close()
-			r.fail(name, err, "cannot list open transactions")
-			return
+			return nil, err
 		}
 		n, _ := strconv.ParseUint(xid, 10, 32)
 		x.XID = uint32(n)
 		open = append(open, x)
 	}
-	if err := rows.Err(); err != nil {
-		r.fail(name, err, "cannot list open transactions")
-		return
-	}
+	return open, rows.Err()
+}
 
-	// This database's committed events held back, if it has an event log.
-	var xmin uint64
-	heldBack := -1
-	var haveEvents bool
-	if err := db.QueryRow(ctx, `SELECT to_regclass('compute_events') IS NOT NULL`).Scan(&haveEvents); err != nil {
-		r.fail(name, err, "cannot look for the event log")
-		return
-	}
-	var xminText string
-	if haveEvents {
-		err = db.QueryRow(ctx, heldBackSQL).Scan(&xminText, &heldBack)
-	} else {
-		err = db.QueryRow(ctx, snapshotXminSQL).Scan(&xminText)
-	}
-	if err != nil {
-		r.fail(name, err, "cannot read the snapshot")
-		return
-	}
-	xmin, _ = strconv.ParseUint(xminText, 10, 64)
-	waiting := func() string {
-		switch heldBack {
-		case -1:
-			return "this database has no event log"
-		case 1:
-			return "1 committed event of this database waits"
-		default:
-			return fmt.Sprintf("%d committed events of this database wait", heldBack)
-		}
-	}
-
-	// The oldest write transaction open longer than maxAge, of those this role
-	// may see the start of.
+// oldestLongXacts is the write transactions of open that have been open longer
+// than maxAge at now, of those whose start this role may see, oldest first.
+func oldestLongXacts(open []xact, now time.Time, maxAge time.Duration) []xact {
 	var long []xact
 	for _, x := range open {
 		if x.Start != nil && now.Sub(*x.Start) > maxAge {
@@ -430,47 +497,63 @@ func (s *Session) doctorSnapshot(ctx context.Context, db *pg.Pool, r *report, no
 		}
 	}
 	sort.Slice(long, func(i, j int) bool { return long[i].Start.Before(*long[j].Start) })
-	if len(long) > 0 {
-		x := long[0]
-		more := ""
-		if len(long) > 1 {
-			more = fmt.Sprintf("; %d more write transactions open longer than %s", len(long)-1, maxAge)
-		}
-		r.add(name, false, "a write transaction open longer than %s holds back every outbox reader on this server: %s; %s (%s)%s",
-			maxAge, x.describe(now), waiting(), x.ending(), more)
-		return
-	}
-	if heldBack <= 0 {
-		r.add(name, true, "no write transaction open longer than %s holds back the outbox (%s open now)", maxAge, plural(len(open), "write transaction"))
-		return
-	}
+	return long
+}
 
-	// Events wait for the transaction at xmin: fine if it is young; if this role
-	// cannot see its start, watch whether it ends within maxAge.
-	var holder *xact
-	for i := range open {
-		if uint64(open[i].XID) == xmin&0xFFFFFFFF {
-			holder = &open[i]
-		}
-	}
+// doctorSnapshotHolder decides when events wait for the transaction at xmin and
+// none is seen open longer than maxAge: fine if the holder is young; if this role
+// cannot see its start, watch whether it ends within maxAge.
+func doctorSnapshotHolder(ctx context.Context, db *pg.Pool, r *report, st snapshotState, now time.Time, maxAge time.Duration) {
+	holder := st.holder()
 	if holder != nil && holder.Start != nil {
-		r.add(name, true, "%s for a write transaction open %s (under %s): %s", waiting(), now.Sub(*holder.Start).Round(time.Millisecond), maxAge, holder.describe(now))
+		r.add(snapshotCheck, true, "%s for a write transaction open %s (under %s): %s", st.waiting(), now.Sub(*holder.Start).Round(time.Millisecond), maxAge, holder.describe(now))
 		return
 	}
-	ended, err := xminMoves(ctx, db, xmin, maxAge)
+	ended, err := xminMoves(ctx, db, st.xmin, maxAge)
 	if err != nil {
-		r.fail(name, err, "cannot read the snapshot")
+		r.fail(snapshotCheck, err, "cannot read the snapshot")
 		return
 	}
 	if ended {
-		r.add(name, true, "no write transaction open longer than %s holds back the outbox (the one holding %d events back ended)", maxAge, heldBack)
+		r.add(snapshotCheck, true, "no write transaction open longer than %s holds back the outbox (the one holding %d events back ended)", maxAge, st.heldBack)
 		return
 	}
 	who := ""
 	if holder != nil {
 		who = fmt.Sprintf(": %s, open at least %s", holder.describe(now), maxAge)
 	}
-	r.add(name, false, "%s, held back by a transaction this role cannot see (grant pg_read_all_stats to name it)%s", waiting(), who)
+	r.add(snapshotCheck, false, "%s, held back by a transaction this role cannot see (grant pg_read_all_stats to name it)%s", st.waiting(), who)
+}
+
+// holder is the open transaction at the snapshot's xmin, or nil if none is listed.
+func (st snapshotState) holder() *xact {
+	var holder *xact
+	for i := range st.open {
+		if uint64(st.open[i].XID) == st.xmin&0xFFFFFFFF {
+			holder = &st.open[i]
+		}
+	}
+	return holder
+}
+
+// waiting describes the committed events of this database held back.
+func (st snapshotState) waiting() string {
+	switch st.heldBack {
+	case -1:
+		return "this database has no event log"
+	case 1:
+		return "1 committed event of this database waits"
+	default:
+		return fmt.Sprintf("%d committed events of this database wait", st.heldBack)
+	}
+}
+
+// moreLongXacts describes the long transactions after the oldest ("" if none).
+func moreLongXacts(long []xact, maxAge time.Duration) string {
+	if len(long) <= 1 {
+		return ""
+	}
+	return fmt.Sprintf("; %d more write transactions open longer than %s", len(long)-1, maxAge)
 }
 
 // xminMoves watches the snapshot's xmin for up to wait and reports whether it

@@ -132,25 +132,53 @@ type eventsHandler struct {
 	o   eventsOptions
 }
 
-// ServeHTTP streams the events: see newEventsHandler.
+// ServeHTTP streams the events: see newEventsHandler. It parses the request
+// (400 if malformed), opens the stream (503 if the log cannot be read), and runs it.
 func (h *eventsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	req, err := h.parseRequest(r)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	ctx := r.Context()
+	tail, gap, err := h.open(ctx, req.pos, req.topics)
+	if err != nil {
+		h.log.Error().Err(err).Msg("event stream: cannot resolve the start position")
+		http.Error(w, "the event log cannot be read now", http.StatusServiceUnavailable)
+		return
+	}
+	s := h.start(w, tail, gap)
+	if !s.flush() {
+		return
+	}
+	s.run(ctx, req.heartbeat)
+}
+
+// eventsRequest is what one request asks of the stream.
+type eventsRequest struct {
+	topics    []string        // topics to keep; nil keeps all
+	pos       outbox.Position // where the stream starts
+	heartbeat time.Duration   // how often an idle stream writes a heartbeat
+}
+
+// parseRequest reads r's query and Last-Event-ID header into an eventsRequest.
+// Its error is the text of the 400 answer.
+func (h *eventsHandler) parseRequest(r *http.Request) (eventsRequest, error) {
 	q := r.URL.Query()
-	var topics []string
+	req := eventsRequest{pos: outbox.End, heartbeat: h.o.heartbeat}
 	for _, v := range q["topics"] {
 		for _, t := range strings.Split(v, ",") {
 			if t = strings.TrimSpace(t); t != "" {
-				topics = append(topics, t)
+				req.topics = append(req.topics, t)
 			}
 		}
 	}
-	pos := outbox.End
 	if v := q.Get("from"); v != "" {
 		p, err := outbox.ParsePosition(v)
 		if err != nil {
-			http.Error(w, "from: "+err.Error(), http.StatusBadRequest)
-			return
+			return eventsRequest{}, errors.New("from: " + err.Error())
 		}
-		pos = p
+		req.pos = p
 	}
 	last := r.Header.Get("Last-Event-ID")
 	if last == "" {
@@ -159,27 +187,32 @@ func (h *eventsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if last != "" {
 		c, err := outbox.ParseCursor(last)
 		if err != nil {
-			http.Error(w, "Last-Event-ID: "+err.Error(), http.StatusBadRequest)
-			return
+			return eventsRequest{}, errors.New("Last-Event-ID: " + err.Error())
 		}
-		pos = outbox.After(c)
+		req.pos = outbox.After(c)
 	}
-	every := h.o.heartbeat
 	if v := q.Get("heartbeat"); v != "" {
 		secs, err := strconv.Atoi(v)
 		if err != nil || secs < 1 || secs > 300 {
-			http.Error(w, "heartbeat: want whole seconds from 1 to 300", http.StatusBadRequest)
-			return
+			return eventsRequest{}, errors.New("heartbeat: want whole seconds from 1 to 300")
 		}
-		every = time.Duration(secs) * time.Second
+		req.heartbeat = time.Duration(secs) * time.Second
 	}
-	ctx := r.Context()
-	tail, gap, err := h.open(ctx, pos, topics)
-	if err != nil {
-		h.log.Error().Err(err).Msg("event stream: cannot resolve the start position")
-		http.Error(w, "the event log cannot be read now", http.StatusServiceUnavailable)
-		return
-	}
+	return req, nil
+}
+
+// eventsStream is one open stream: where it writes and the last id its client has.
+type eventsStream struct {
+	h    *eventsHandler
+	tail *outbox.Tail
+	rc   *http.ResponseController
+	bw   *bufio.Writer
+	sent outbox.Cursor // the last id the client has
+}
+
+// start writes the stream's headers and buffers its opening: the retry line,
+// then the reset record of gap, or else an id line for the starting cursor.
+func (h *eventsHandler) start(w http.ResponseWriter, tail *outbox.Tail, gap *outbox.Gap) *eventsStream {
 	rc := http.NewResponseController(w)
 	hdr := w.Header()
 	hdr.Set("Content-Type", "text/event-stream")
@@ -187,25 +220,21 @@ func (h *eventsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr.Set("Connection", "keep-alive")
 	hdr.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	bw := bufio.NewWriterSize(w, 16<<10)
-	write := func() bool {
-		// A stream may outlive any server write timeout; a stuck client gets 30 s.
-		_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
-		if bw.Flush() != nil {
-			return false
-		}
-		return rc.Flush() == nil
-	}
-	fmt.Fprintf(bw, "retry: %d\n", h.o.retry.Milliseconds())
+	s := &eventsStream{h: h, tail: tail, rc: rc, bw: bufio.NewWriterSize(w, 16<<10)}
+	fmt.Fprintf(s.bw, "retry: %d\n", h.o.retry.Milliseconds())
 	if gap != nil {
-		writeEventsReset(bw, *gap)
+		writeEventsReset(s.bw, *gap)
 	} else {
-		fmt.Fprintf(bw, "id: %s\n\n", tail.Cursor())
+		fmt.Fprintf(s.bw, "id: %s\n\n", tail.Cursor())
 	}
-	if !write() {
-		return
-	}
-	sent := tail.Cursor() // the last id the client has
+	s.sent = tail.Cursor()
+	return s
+}
+
+// run is the streaming loop: it reads the log whenever the poll timer fires (at
+// once again after a full batch) and writes a heartbeat at every tick, until the
+// client goes away or a read or write fails.
+func (s *eventsStream) run(ctx context.Context, every time.Duration) {
 	heartbeat := time.NewTicker(every)
 	defer heartbeat.Stop()
 	poll := time.NewTimer(0)
@@ -215,57 +244,93 @@ func (h *eventsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 			return
 		case <-heartbeat.C:
-			// An idle stream learns here that retention passed it.
-			gap, err := tail.CheckHorizon(ctx, h.db)
-			if err != nil {
-				h.warn(ctx, err, "event stream: cannot read the retention horizon; the client reconnects with its Last-Event-ID")
+			if !s.heartbeat(ctx) {
 				return
 			}
-			if gap != nil {
-				writeEventsReset(bw, *gap)
-				sent = gap.Through
-				if !write() {
-					return
-				}
-				continue
-			}
-			if c := tail.Cursor(); c != sent {
-				fmt.Fprintf(bw, ": heartbeat\nid: %s\n\n", c)
-				sent = c
-			} else {
-				fmt.Fprint(bw, ": heartbeat\n\n")
-			}
-			if !write() {
-				return
-			}
-			continue
 		case <-poll.C:
-		}
-		b, err := tail.Next(ctx, h.db)
-		if err != nil {
-			h.warn(ctx, err, "event stream: read failed; the client reconnects with its Last-Event-ID")
-			return
-		}
-		if b.Gap != nil {
-			// Retention deleted events after the cursor before this read: say
-			// so before anything that follows the gap.
-			writeEventsReset(bw, *b.Gap)
-			sent = b.Gap.Through
-		}
-		for _, e := range b.Events {
-			data, _ := json.Marshal(eventsData{ID: e.ID.String(), Topic: e.Topic, Key: e.Key, Payload: e.Payload, CreatedAt: e.CreatedAt})
-			fmt.Fprintf(bw, "id: %s\ndata: %s\n\n", e.ID, data)
-			sent = e.ID
-		}
-		if bw.Buffered() > 0 && !write() {
-			return
-		}
-		if b.Scanned == h.o.batch {
-			poll.Reset(0)
-		} else {
-			poll.Reset(h.o.poll)
+			full, ok := s.poll(ctx)
+			if !ok {
+				return
+			}
+			if full {
+				poll.Reset(0)
+			} else {
+				poll.Reset(s.h.o.poll)
+			}
 		}
 	}
+}
+
+// heartbeat checks the retention horizon (an idle stream learns here that
+// retention passed it) and writes a reset record, or else a heartbeat; false
+// ends the stream.
+func (s *eventsStream) heartbeat(ctx context.Context) bool {
+	gap, err := s.tail.CheckHorizon(ctx, s.h.db)
+	if err != nil {
+		s.h.warn(ctx, err, "event stream: cannot read the retention horizon; the client reconnects with its Last-Event-ID")
+		return false
+	}
+	if gap != nil {
+		s.writeReset(*gap)
+	} else {
+		s.writeHeartbeat()
+	}
+	return s.flush()
+}
+
+// poll reads the next batch and writes it; full says the read was a full batch
+// (read again at once), false ok ends the stream.
+func (s *eventsStream) poll(ctx context.Context) (full, ok bool) {
+	b, err := s.tail.Next(ctx, s.h.db)
+	if err != nil {
+		s.h.warn(ctx, err, "event stream: read failed; the client reconnects with its Last-Event-ID")
+		return false, false
+	}
+	s.writeBatch(b)
+	if s.bw.Buffered() > 0 && !s.flush() {
+		return false, false
+	}
+	return b.Scanned == s.h.o.batch, true
+}
+
+// writeBatch buffers b: its reset record first, when retention deleted events
+// after the cursor before this read, then its events.
+func (s *eventsStream) writeBatch(b outbox.TailBatch) {
+	if b.Gap != nil {
+		s.writeReset(*b.Gap)
+	}
+	for _, e := range b.Events {
+		data, _ := json.Marshal(eventsData{ID: e.ID.String(), Topic: e.Topic, Key: e.Key, Payload: e.Payload, CreatedAt: e.CreatedAt})
+		fmt.Fprintf(s.bw, "id: %s\ndata: %s\n\n", e.ID, data)
+		s.sent = e.ID
+	}
+}
+
+// writeReset buffers the reset record of gap; the client then has its horizon.
+func (s *eventsStream) writeReset(gap outbox.Gap) {
+	writeEventsReset(s.bw, gap)
+	s.sent = gap.Through
+}
+
+// writeHeartbeat buffers a heartbeat comment, with an id line when the tail has
+// moved past rows of other topics since the last id the client has.
+func (s *eventsStream) writeHeartbeat() {
+	if c := s.tail.Cursor(); c != s.sent {
+		fmt.Fprintf(s.bw, ": heartbeat\nid: %s\n\n", c)
+		s.sent = c
+	} else {
+		fmt.Fprint(s.bw, ": heartbeat\n\n")
+	}
+}
+
+// flush sends what is buffered; false when the client cannot take it. A stream
+// may outlive any server write timeout; a stuck client gets 30 s.
+func (s *eventsStream) flush() bool {
+	_ = s.rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+	if s.bw.Flush() != nil {
+		return false
+	}
+	return s.rc.Flush() == nil
 }
 
 // open opens the stream's Tail at pos (see outbox.OpenTail), with the gap to
