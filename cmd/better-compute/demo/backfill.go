@@ -41,8 +41,8 @@ WHERE id = ANY (ARRAY(
 	}
 }
 
-// demoBackfillModule is the backfill demo's module (registered by dev, and by
-// the backfill verbs with --demo).
+// demoBackfillModule is the backfill demo's module; its Dev loop plays the
+// operator.
 func demoBackfillModule() cli.Module {
 	return cli.Module{
 		Name:       "demo_backfill",

@@ -19,7 +19,7 @@ import (
 const DemoReconciler = "demo_counter"
 
 // demoModule is dev's demo: a table of counters and a reconciler that copies each
-// counter's value to its reconciled column. It is registered by dev only.
+// counter's value to its reconciled column; its Dev loop plays the application.
 func demoModule() cli.Module {
 	return cli.Module{
 		Name:       "demo",

@@ -41,7 +41,7 @@ type domainDemo struct {
 
 var defaultDomainDemo = domainDemo{Every: time.Second, HoldTTL: 20 * time.Second, VoteWindow: 30 * time.Second}
 
-// demoDomainModule is the capacity and quorum demo (registered by dev only):
+// demoDomainModule is the capacity and quorum demo:
 // the applier of demo_change batches, which writes each item to
 // demo_domain_changes in the fenced apply transaction.
 func demoDomainModule() cli.Module {
