@@ -99,6 +99,20 @@ UPDATE compute_dirty c SET job_id = j.id FROM j WHERE c.kind = $1 AND c.key = $2
 // workers.Fence queues it in one batch with the lease's fence.
 const FenceJobSQL = `SELECT 1 FROM river_job WHERE id = $1 AND attempt = $2 AND state = 'running' FOR UPDATE`
 
+// anotherAttemptRunningSQL: see AnotherAttemptRunning.
+const anotherAttemptRunningSQL = `SELECT EXISTS (SELECT 1 FROM river_job
+WHERE id = $1 AND state = 'running' AND NOT (attempt = $2 AND attempted_at = $3))`
+
+// AnotherAttemptRunning reports whether job id is running in an attempt other
+// than the one numbered attempt that started at attemptedAt (River sets
+// attempted_at at every fetch, and a snooze gives an attempt number back, so
+// the pair names one attempt).
+func AnotherAttemptRunning(ctx context.Context, db pg.DBTX, id int64, attempt int, attemptedAt time.Time) (bool, error) {
+	var other bool
+	err := db.QueryRow(ctx, anotherAttemptRunningSQL, id, attempt, attemptedAt).Scan(&other)
+	return other, err
+}
+
 // handBackShardJobsSQL: see HandBackShardJobs. $1 lease names, $2 epochs, $3
 // queues (aligned), $4 this owner, $5 the time for the errors entry, $6 when, $7
 // the ids this process works, $8 OwnAfter (s).
@@ -431,6 +445,24 @@ func OutboxDispatchWaitingTx(ctx context.Context, tx pgx.Tx, dispatcher string) 
 	err := tx.QueryRow(ctx, outboxDispatchWaitingSQL, MaintenanceQueue, OutboxDispatchKind, dispatcher).Scan(&waiting)
 	return waiting, err
 }
+
+// --- Capacity (workers/capacity) ---
+
+// OverdueHoldsSQL finds the holds whose expiry job is gone: $1 grace (s), $2
+// limit. It returns (pool_id, id) of each hold overdue by more than the grace,
+// in a stable order, locked FOR SHARE SKIP LOCKED. A hold whose expiry job is
+// still live is left out without touching that job's row: the sweep must not
+// wait on a job row an expiry's fenced transaction holds while it holds the
+// hold's row that transaction is about to write (that cycle deadlocked).
+var OverdueHoldsSQL = `
+SELECT r.pool_id, r.id FROM capacity_reservations r
+ WHERE r.state = 'hold' AND r.expires_at <= compute_now() - make_interval(secs => $1)
+   AND NOT EXISTS (
+       SELECT 1 FROM river_job j
+        WHERE j.kind = '` + CapacityHoldExpiryKind + `' AND j.state IN ` + liveStatesSQL + `
+          AND j.args @> jsonb_build_object('reservation_id', r.id))
+ ORDER BY r.expires_at, r.id LIMIT $2
+   FOR SHARE OF r SKIP LOCKED`
 
 // --- Doctor (cmd/better-compute) ---
 

@@ -158,13 +158,11 @@ func (w *SweepWorker) Work(ctx context.Context, job *river.Job[jobs.CapacityExpi
 		// FOR SHARE SKIP LOCKED: a hold its expiry job is expiring right now is
 		// skipped, and one expired since this statement's snapshot is re-checked
 		// (and dropped) under the lock, so a finished job is never followed by a
-		// pointless new one. A stable order keeps two sweeps that overlap from
-		// waiting on each other's unique job inserts in a cycle.
-		rows, err := tx.Query(ctx, `
-SELECT pool_id, id FROM capacity_reservations
- WHERE state = 'hold' AND expires_at <= compute_now() - make_interval(secs => $1)
- ORDER BY expires_at, id LIMIT $2
-   FOR SHARE SKIP LOCKED`, w.grace.Seconds(), sweepLimit)
+		// pointless new one. A hold whose expiry job is live is left out
+		// without waiting on that job's row (see jobs.OverdueHoldsSQL). A
+		// stable order keeps two sweeps that overlap from waiting on each
+		// other's unique job inserts in a cycle.
+		rows, err := tx.Query(ctx, jobs.OverdueHoldsSQL, w.grace.Seconds(), sweepLimit)
 		if err != nil {
 			return fmt.Errorf("error finding overdue holds: %w", err)
 		}

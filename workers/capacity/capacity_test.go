@@ -212,3 +212,41 @@ func TestSweepReenqueuesALostExpiry(t *testing.T) {
 	})
 	require.Equal(t, 2, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry'`))
 }
+
+// TestSweepDoesNotWaitOnALiveExpiry: while an expiry job's fenced transaction
+// holds the job's row (it locks it first, then writes the hold), a sweep that
+// finds the hold overdue leaves it alone instead of waiting on that row while
+// holding the hold's: the two used to deadlock, over and over, until the
+// expiry's retries backed off past its deadline.
+func TestSweepDoesNotWaitOnALiveExpiry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setup(t, 1, &capworkers.Options{SweepEvery: 200 * time.Millisecond, Grace: time.Minute})
+	r := reserve(t, db, 1, time.Hour)
+	// The expiry job stays live but does not run by itself in this test.
+	db.MustExec(t, `UPDATE river_job SET scheduled_at = clock_timestamp() + interval '1 hour' WHERE kind = 'capacity_hold_expiry'`)
+
+	// The expiry's fenced transaction: its job's row first.
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = 0`)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM river_job WHERE kind = 'capacity_hold_expiry' FOR UPDATE`)
+	require.NoError(t, err)
+
+	_, err = clock.Advance(ctx, db.Pool, 2*time.Hour)
+	require.NoError(t, err)
+	n := db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_expiry_sweep' AND state = 'completed'`)
+	workertest.WaitFor(t, 30*time.Second, "two sweeps to finish while the expiry holds its job's row", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_expiry_sweep' AND state = 'completed'`) >= n+2
+	})
+	// Then the expiry writes the hold: nothing of a sweep's is in its way.
+	_, err = tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `UPDATE capacity_reservations SET expires_at = expires_at WHERE id = $1`, r.ID)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry'`),
+		"a hold whose expiry job is live gets no second one")
+}
