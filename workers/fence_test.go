@@ -101,6 +101,10 @@ func runStale(t *testing.T, db *pgtest.DB, fenced bool) (err1, err2 error) {
 	<-w.attempts[2].started
 	close(w.attempts[1].release)
 	err1 = <-w.attempts[1].result
+	// Give attempt 1's outcome time to reach River's completer, which records
+	// it by job id with only state = 'running' as its check: recorded now, a
+	// stale attempt's outcome would snooze attempt 2 under it.
+	time.Sleep(500 * time.Millisecond)
 	close(w.attempts[2].release)
 	err2 = <-w.attempts[2].result
 	return err1, err2

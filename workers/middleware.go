@@ -11,6 +11,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
+	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 )
 
@@ -68,7 +69,58 @@ func (m *jobMiddleware) Work(ctx context.Context, job *rivertype.JobRow, doInner
 	}
 	out := m.rt.outcome(job, err)
 	m.rt.metrics.jobDone(job.Kind, job.Queue, outcomeName(out, err), time.Since(start))
+	if fault.Has(err, fault.Fenced) {
+		m.rt.waitOutLiveAttempt(ctx, job)
+	}
 	return out
+}
+
+// staleWaitPoll bounds how often a fenced attempt checks whether another
+// attempt of its job still runs.
+const staleWaitPoll = time.Second
+
+// waitOutLiveAttempt holds a fenced attempt's outcome back while another
+// attempt of the same job runs. River's completer records an outcome by job id
+// with only state = 'running' as its check: a stale attempt's snooze, recorded
+// while the live attempt runs, would snooze the live one, whose commit would
+// then be fenced in turn and its work done again. So the stale attempt waits,
+// holding no connection between checks, until no other attempt of its job is
+// running (the live one finished or gave the job back), and then its outcome
+// changes nothing. The wait ends early when the runtime stops waiting for jobs
+// (the stop grace is over), after the job timeout, or when the database cannot
+// be asked.
+func (rt *Runtime) waitOutLiveAttempt(ctx context.Context, job *rivertype.JobRow) {
+	if job.AttemptedAt == nil {
+		return
+	}
+	limit := cmpOr(rt.o.JobTimeout, river.JobTimeoutDefault)
+	if limit < 0 {
+		limit = river.JobTimeoutDefault
+	}
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	wait := 50 * time.Millisecond
+	for logged := false; ; {
+		qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		other, err := jobs.AnotherAttemptRunning(qctx, rt.pool, job.ID, job.Attempt, *job.AttemptedAt)
+		cancel()
+		if err != nil || !other {
+			return
+		}
+		if !logged {
+			rt.log.Info().Int64("job_id", job.ID).Int("attempt", job.Attempt).
+				Msg("fenced attempt waits for the job's live attempt to finish before giving the job back")
+			logged = true
+		}
+		select {
+		case <-time.After(wait):
+		case <-rt.hardStop:
+			return
+		case <-deadline.C:
+			return
+		}
+		wait = min(2*wait, staleWaitPoll)
+	}
 }
 
 // outcome maps a worker's error to what River should do with the job.

@@ -92,6 +92,9 @@ type Runtime struct {
 	done     chan struct{} // closed when the runtime must stop by itself
 	doneErr  error
 	doneOnce sync.Once
+
+	hardStop     chan struct{} // closed when Stop stops waiting for jobs
+	hardStopOnce sync.Once
 }
 
 type queueOp struct {
@@ -194,6 +197,7 @@ func newRuntime(o Options, count int) *Runtime {
 		queueOps: make(chan queueOp, 4*len(o.Shards)+16),
 		opsDone:  make(chan struct{}),
 		done:     make(chan struct{}),
+		hardStop: make(chan struct{}),
 		owner:    insertOnlyID(),
 	}
 	if rt.metrics == nil {
@@ -538,6 +542,9 @@ func (rt *Runtime) Stop(ctx context.Context) error {
 	}
 	rt.log.Info().Dur("grace", grace).Msg("worker stopping: finishing in-flight jobs")
 	graceCtx, cancel := context.WithTimeout(ctx, grace)
+	// Fenced attempts waiting out a live attempt (waitOutLiveAttempt) stop
+	// waiting when the grace is over.
+	context.AfterFunc(graceCtx, func() { rt.hardStopOnce.Do(func() { close(rt.hardStop) }) })
 	err := rt.client.Stop(graceCtx)
 	cancel()
 	if err != nil {
