@@ -10,10 +10,19 @@ import "embed"
 
 // FS holds every built-in owner's migrations, one directory per owner.
 //
-//go:embed */*.sql
+//go:embed core/*.sql outbox/*.sql backfill/*.sql capacity/*.sql quorum/*.sql
 var FS embed.FS
+
+// Demo holds the demo application's migrations (owners demo, demo_backfill,
+// demo_domain and demo_outbox). They stay where they landed, because a landed
+// migration is never moved, but they are not in FS: only the demo package
+// (cmd/better-compute/demo) refers to Demo, so the linker leaves them out of
+// every binary that does not import it.
+//
+//go:embed demo/*.sql demo_backfill/*.sql demo_domain/*.sql demo_outbox/*.sql
+var Demo embed.FS
 
 // Owners lists the built-in owners in the order their migrations run. River's
 // own schema (owner river) runs after core; platform/migrate inserts it. The demo
-// application's owners are not here: they live with it, in cmd/better-compute/demo.
+// application's owners are not here: they are in Demo.
 var Owners = []string{"core", "outbox", "backfill", "capacity", "quorum"}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/migrations"
 )
 
 const module = "github.com/bettercompute/bettercompute/"
@@ -110,6 +113,22 @@ func TestApplicationsLinkNoDemo(t *testing.T) {
 		} else {
 			require.True(t, links, "the better-compute binary carries its demo application")
 		}
+	}
+
+	// The demo migrations stay in the migrations package (landed migrations
+	// never move), in migrations.Demo, which only the demo package refers to:
+	// the linker leaves their text out of an application's binary.
+	sql, err := fs.ReadFile(migrations.Demo, "demo/0001_counters.sql")
+	require.NoError(t, err)
+	marker, _, _ := bytes.Cut(sql, []byte("\n"))
+	dir := t.TempDir()
+	for pkg, want := range map[string]bool{
+		module + "testdata/exampleapp": false,
+		module + "cmd/better-compute":  true,
+	} {
+		bin, err := os.ReadFile(buildPkg(t, dir, pkg))
+		require.NoError(t, err)
+		require.Equal(t, want, bytes.Contains(bin, marker), "%s carries the demo migrations: %q", pkg, marker)
 	}
 }
 

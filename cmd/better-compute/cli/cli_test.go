@@ -288,12 +288,17 @@ func TestInterruptedMigrateRollsBack(t *testing.T) {
 	require.Equal(t, []string{"slowapp/0001_slow"}, appliedIn(r.stdout))
 }
 
-// build builds cmd/better-compute into dir (once per test binary: only
-// TestMigrateProcesses runs it).
+// build builds cmd/better-compute into dir.
 func build(t *testing.T, dir string) string {
 	t.Helper()
-	bin := filepath.Join(dir, "better-compute")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/bettercompute/bettercompute/cmd/better-compute").CombinedOutput()
+	return buildPkg(t, dir, "github.com/bettercompute/bettercompute/cmd/better-compute")
+}
+
+// buildPkg builds the main package pkg into dir and returns the binary's path.
+func buildPkg(t *testing.T, dir, pkg string) string {
+	t.Helper()
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
 	require.NoError(t, err, "go build:\n%s", out)
 	return bin
 }

@@ -1,7 +1,7 @@
 // Package demo is the better-compute binary's demo application: what
 // `better-compute dev` (and `go tool task dev`) runs on the embedded database
 // to show the whole system working. Each demo is a cli.Module with its own
-// tables (migrations embedded here, owners demo, demo_backfill, demo_domain and
+// tables (migrations.Demo: owners demo, demo_backfill, demo_domain and
 // demo_outbox), what it registers, and a Dev loop that plays the application:
 //
 //   - counters (owner demo): a table of counters and the demo_counter
@@ -20,23 +20,15 @@
 package demo
 
 import (
-	"embed"
 	"io/fs"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/migrations"
 )
 
-// migrations holds each demo's migrations, one directory per owner. Landed
-// migrations are never edited, renamed or removed (they moved here from the
-// repository's migrations/ directory with their owners and names unchanged, so
-// databases that dev migrated before stay accounted for).
-//
-//go:embed migrations/*/*.sql
-var migrations embed.FS
-
-// migrationsOf is owner's migrations directory.
+// migrationsOf is owner's directory of migrations.Demo.
 func migrationsOf(owner string) fs.FS {
-	sub, err := fs.Sub(migrations, "migrations/"+owner)
+	sub, err := fs.Sub(migrations.Demo, owner)
 	if err != nil {
 		panic(err) // a constant path into an embedded FS
 	}

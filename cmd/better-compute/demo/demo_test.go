@@ -9,9 +9,8 @@ import (
 )
 
 // TestDemoMigrationsKeepTheirLedgerNames pins the demos' migrations to the
-// names they landed with (under migrations/ before they moved into this
-// package): a database that dev migrated before the move is still accounted
-// for, and a landed migration is never renamed or removed.
+// names they landed with: a database that dev migrated is still accounted for,
+// and a landed migration is never renamed or removed.
 func TestDemoMigrationsKeepTheirLedgerNames(t *testing.T) {
 	t.Parallel()
 	var names []string
