@@ -2,8 +2,10 @@ package workers
 
 import (
 	"context"
+	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/bettercompute/bettercompute/jobs"
@@ -121,24 +123,37 @@ func NewQueueCollector(db *pg.Pool) *QueueCollector {
 // Describe implements prometheus.Collector.
 func (c *QueueCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.depth; ch <- c.leases }
 
-// Collect implements prometheus.Collector.
+// Collect implements prometheus.Collector. A query that fails is reported as
+// an invalid metric, so /metrics logs it rather than leaving a family out
+// without a word.
 func (c *QueueCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	counts, _ := jobs.CountUnfinished(ctx, c.DB)
+	counts, err := jobs.CountUnfinished(ctx, c.DB)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.depth, fmt.Errorf("error counting unfinished jobs: %w", err))
+	}
 	for _, n := range counts {
 		ch <- prometheus.MustNewConstMetric(c.depth, prometheus.GaugeValue, float64(n.Jobs), n.Queue, n.State)
 	}
+	type held struct {
+		owner, kind string
+		n           int64
+	}
 	rows, err := c.DB.Query(ctx, `SELECT owner, split_part(name, '/', 1), count(*) FROM compute_leases
 		WHERE expires_at > compute_now() GROUP BY 1, 2`)
+	var got []held
 	if err == nil {
-		for rows.Next() {
-			var o, k string
-			var n int64
-			if rows.Scan(&o, &k, &n) == nil {
-				ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(n), o, k)
-			}
-		}
-		rows.Close()
+		got, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (held, error) {
+			var h held
+			return h, r.Scan(&h.owner, &h.kind, &h.n)
+		})
+	}
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.leases, fmt.Errorf("error counting leases: %w", err))
+		return
+	}
+	for _, h := range got {
+		ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(h.n), h.owner, h.kind)
 	}
 }

@@ -236,7 +236,9 @@ func TestStartServeWithRuntime(t *testing.T) {
 	// As when the worker serves its own /metrics: the runtime families must
 	// not appear twice.
 	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	rt := workertest.Start(t, db.Pool, nil, &workers.Options{Metrics: metrics})
+	// Leases long enough that a loaded machine's late renewal cannot let
+	// them lapse in the database between two reads of /metrics.
+	rt := workertest.Start(t, db.Pool, nil, &workers.Options{Metrics: metrics, LeaseTTL: 10 * time.Second, LeaseRenew: time.Second})
 
 	cfg, err := config.Load([]string{"BETTER_COMPUTE_DATABASE_URL=" + db.URL, "BETTER_COMPUTE_LISTEN=127.0.0.1:0", "BETTER_COMPUTE_LOG_LEVEL=warn"})
 	require.NoError(t, err)
@@ -253,12 +255,23 @@ func TestStartServeWithRuntime(t *testing.T) {
 	id := insertServeTestJob(t, db.Pool)
 	var code int
 	var body string
-	workertest.WaitFor(t, 30*time.Second, "the worker's own metrics show its 16 shard leases", func() bool {
+	want := []string{
+		"bettercompute_leases_held 16",                                     // the worker's own gauge
+		`bettercompute_queue_jobs{queue="serve_test",state="available"} 1`, // serve's, from the database
+		`bettercompute_leases{kind="shard",owner="` + rt.Owner() + `"} 16`, // serve's, from the database
+	}
+	workertest.WaitFor(t, 30*time.Second, "metrics from the worker and from the database", func() bool {
 		code, body = get(t, base+"metrics", "", "")
-		return code == http.StatusOK && strings.Contains(body, "bettercompute_leases_held 16")
+		if code != http.StatusOK {
+			return false
+		}
+		for _, w := range want {
+			if !strings.Contains(body, w) {
+				return false
+			}
+		}
+		return true
 	})
-	require.Contains(t, body, `bettercompute_queue_jobs{queue="serve_test",state="available"} 1`)
-	require.Contains(t, body, `bettercompute_leases{kind="shard",owner="`+rt.Owner()+`"} 16`)
 	require.Equal(t, 1, strings.Count(body, "# TYPE go_goroutines "), "Go runtime metrics exactly once")
 
 	code, body = get(t, base+"api/jobs?state=available", "", "")
