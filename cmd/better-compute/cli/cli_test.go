@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
 	"github.com/bettercompute/bettercompute/cmd/better-compute/demo"
 	"github.com/bettercompute/bettercompute/platform/config"
 	"github.com/bettercompute/bettercompute/platform/migrate"
@@ -27,18 +28,12 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-type result struct {
-	code           int
-	stdout, stderr string
-}
+type result = clitest.Result
 
-// run runs one command line in-process against env (KEY=VALUE).
+// run runs one command line of app in-process against env (KEY=VALUE).
 func run(t *testing.T, ctx context.Context, app cli.App, env []string, args ...string) result {
 	t.Helper()
-	var stdout, stderr bytes.Buffer
-	code := cli.Run(ctx, app, args, cli.Env{Stdout: &stdout, Stderr: &stderr, Environ: env})
-	t.Logf("%s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
-	return result{code, stdout.String(), stderr.String()}
+	return clitest.Run(t, ctx, app, env, args...)
 }
 
 func dbEnv(db *pgtest.DB) []string {
@@ -115,16 +110,16 @@ func TestMigrateTwice(t *testing.T) {
 	want := builtinNames(t)
 
 	r := run(t, ctx, cli.App{}, dbEnv(db), "migrate")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Equal(t, want, appliedIn(r.stdout), "prints each migration it applied, in order")
-	require.Contains(t, r.stdout, fmt.Sprintf("migrate: %d applied, 0 already current", len(want)))
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Equal(t, want, appliedIn(r.Stdout), "prints each migration it applied, in order")
+	require.Contains(t, r.Stdout, fmt.Sprintf("migrate: %d applied, 0 already current", len(want)))
 	require.Equal(t, sorted(want), ledger(t, db))
 	require.Equal(t, 1, db.MustCount(t, "SELECT count(*) FROM pg_extension WHERE extname = 'btree_gist'"), "migrate creates btree_gist")
 
 	r = run(t, ctx, cli.App{}, dbEnv(db), "migrate")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Empty(t, appliedIn(r.stdout), "the second run applies nothing")
-	require.Contains(t, r.stdout, fmt.Sprintf("migrate: 0 applied, %d already current", len(want)))
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Empty(t, appliedIn(r.Stdout), "the second run applies nothing")
+	require.Contains(t, r.Stdout, fmt.Sprintf("migrate: 0 applied, %d already current", len(want)))
 	require.Equal(t, sorted(want), ledger(t, db))
 }
 
@@ -136,8 +131,8 @@ func TestMigrateWithAnApplicationModule(t *testing.T) {
 		"0001_items.sql": {Data: []byte("CREATE TABLE inventory_items (id bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT compute_now())")},
 	}}}}
 	r := run(t, ctx, app, dbEnv(db), "migrate")
-	require.Equal(t, 0, r.code, r.stderr)
-	applied := appliedIn(r.stdout)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	applied := appliedIn(r.Stdout)
 	require.Equal(t, "inventory/0001_items", applied[len(applied)-1], "application modules run last")
 	require.Equal(t, 1, db.MustCount(t, "SELECT count(*) FROM compute_migrations WHERE name = 'inventory/0001_items'"))
 
@@ -145,9 +140,9 @@ func TestMigrateWithAnApplicationModule(t *testing.T) {
 	db2 := pgtest.New(t, pgtest.Options{Empty: true})
 	bad := cli.App{Modules: []cli.Module{{Name: "inventory", Migrations: fstest.MapFS{"1_items.sql": {Data: []byte("SELECT 1")}}}}}
 	r = run(t, ctx, bad, dbEnv(db2), "migrate")
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "INVALID_CONFIG")
-	require.Contains(t, r.stderr, "inventory/1_items.sql")
+	require.Equal(t, 1, r.Code)
+	require.Contains(t, r.Stderr, "INVALID_CONFIG")
+	require.Contains(t, r.Stderr, "inventory/1_items.sql")
 	require.Equal(t, 0, db2.MustCount(t, "SELECT count(*) FROM pg_class WHERE relname = 'compute_migrations'"))
 }
 
@@ -156,14 +151,14 @@ func TestMigrateValidatesTheConfigurationFirst(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{Empty: true})
 	r := run(t, ctx, cli.App{}, append(dbEnv(db), "BETTER_COMPUTE_DB_MAX_CONNS=0"), "migrate")
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "INVALID_CONFIG")
-	require.Contains(t, r.stderr, "BETTER_COMPUTE_DB_MAX_CONNS")
+	require.Equal(t, 1, r.Code)
+	require.Contains(t, r.Stderr, "INVALID_CONFIG")
+	require.Contains(t, r.Stderr, "BETTER_COMPUTE_DB_MAX_CONNS")
 	require.Equal(t, 0, db.MustCount(t, "SELECT count(*) FROM pg_class WHERE relname = 'compute_migrations'"), "the store was not touched")
 
 	// A flag overrides the bad variable.
 	r = run(t, ctx, cli.App{}, append(dbEnv(db), "BETTER_COMPUTE_DB_MAX_CONNS=0"), "migrate", "--db-max-conns", "3")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 }
 
 func TestHelpListsEveryVariable(t *testing.T) {
@@ -176,37 +171,37 @@ func TestHelpListsEveryVariable(t *testing.T) {
 
 	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"migrate", "--help"}, {"doctor", "--help"}, {"dev", "--help"}} {
 		r := run(t, ctx, cli.App{}, nil, args...)
-		require.Equal(t, 0, r.code, args)
+		require.Equal(t, 0, r.Code, args)
 		for _, f := range fields {
 			def := f.Default
 			if def == "" {
 				def = "-"
 			}
-			require.Regexp(t, `(?m)^\s+`+f.Env+`\s+--`+regexp.QuoteMeta(f.Flag)+`\s+`+regexp.QuoteMeta(def)+`\s`, r.stdout, "%v: %s", args, f.Env)
+			require.Regexp(t, `(?m)^\s+`+f.Env+`\s+--`+regexp.QuoteMeta(f.Flag)+`\s+`+regexp.QuoteMeta(def)+`\s`, r.Stdout, "%v: %s", args, f.Env)
 		}
 	}
 	r := run(t, ctx, cli.App{}, nil, "--help")
 	for _, c := range []string{"migrate", "doctor", "dev"} {
-		require.Regexp(t, `(?m)^\s+`+c+`\s`, r.stdout)
+		require.Regexp(t, `(?m)^\s+`+c+`\s`, r.Stdout)
 	}
 	r = run(t, ctx, cli.App{}, nil, "migrate", "--help")
-	require.Contains(t, r.stdout, "--dev")
+	require.Contains(t, r.Stdout, "--dev")
 }
 
 func TestUsageErrors(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := run(t, ctx, cli.App{}, nil, "frobnicate")
-	require.Equal(t, 2, r.code)
-	require.Contains(t, r.stderr, `unknown command "frobnicate"`)
+	require.Equal(t, 2, r.Code)
+	require.Contains(t, r.Stderr, `unknown command "frobnicate"`)
 
 	r = run(t, ctx, cli.App{}, nil)
-	require.Equal(t, 2, r.code, "no command")
-	require.Contains(t, r.stdout, "Usage")
+	require.Equal(t, 2, r.Code, "no command")
+	require.Contains(t, r.Stdout, "Usage")
 
 	r = run(t, ctx, cli.App{}, nil, "migrate", "--no-such-flag")
-	require.Equal(t, 2, r.code)
-	require.Contains(t, r.stderr, "no-such-flag")
+	require.Equal(t, 2, r.Code)
+	require.Contains(t, r.Stderr, "no-such-flag")
 }
 
 func TestEmbeddedNeedsDev(t *testing.T) {
@@ -215,9 +210,9 @@ func TestEmbeddedNeedsDev(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "pg")
 	for _, cmd := range []string{"migrate", "doctor"} {
 		r := run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=embedded:" + dir}, cmd)
-		require.Equal(t, 1, r.code, cmd)
-		require.Contains(t, r.stdout+r.stderr, "INVALID_CONFIG", cmd)
-		require.Contains(t, r.stdout+r.stderr, "--dev", cmd)
+		require.Equal(t, 1, r.Code, cmd)
+		require.Contains(t, r.Stdout+r.Stderr, "INVALID_CONFIG", cmd)
+		require.Contains(t, r.Stdout+r.Stderr, "--dev", cmd)
 	}
 	require.NoDirExists(t, dir, "no cluster was created")
 }
@@ -226,8 +221,8 @@ func TestMigrateWithDevOnAnEmbeddedCluster(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=embedded:memory", "BETTER_COMPUTE_LOG_LEVEL=warn"}, "migrate", "--dev")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Equal(t, builtinNames(t), appliedIn(r.stdout))
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Equal(t, builtinNames(t), appliedIn(r.Stdout))
 }
 
 func TestErrorsNeverShowThePassword(t *testing.T) {
@@ -241,9 +236,9 @@ func TestErrorsNeverShowThePassword(t *testing.T) {
 	} {
 		for _, cmd := range []string{"migrate", "doctor"} {
 			r := run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=" + u, "BETTER_COMPUTE_LOG_LEVEL=debug"}, cmd)
-			require.Equal(t, 1, r.code)
-			require.NotContains(t, r.stdout+r.stderr, secret)
-			require.Regexp(t, `UNAVAILABLE|INVALID_CONFIG`, r.stdout+r.stderr)
+			require.Equal(t, 1, r.Code)
+			require.NotContains(t, r.Stdout+r.Stderr, secret)
+			require.Regexp(t, `UNAVAILABLE|INVALID_CONFIG`, r.Stdout+r.Stderr)
 		}
 	}
 }
@@ -275,17 +270,17 @@ func TestInterruptedMigrateRollsBack(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("migrate did not stop after its context was cancelled")
 	}
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "UNAVAILABLE")
-	require.Contains(t, r.stderr, "slowapp/0001_slow")
+	require.Equal(t, 1, r.Code)
+	require.Contains(t, r.Stderr, "UNAVAILABLE")
+	require.Contains(t, r.Stderr, "slowapp/0001_slow")
 	require.Equal(t, 0, db.MustCount(t, "SELECT count(*) FROM compute_migrations WHERE name LIKE 'slowapp/%'"))
 	require.Equal(t, 0, db.MustCount(t, "SELECT count(*) FROM pg_class WHERE relname = 'slowapp_t'"))
 	require.Equal(t, sorted(builtinNames(t)), ledger(t, db), "the migrations before it stay applied")
 
 	db.MustExec(t, "DROP TABLE go_slow")
 	r = run(t, ctx, app, dbEnv(db), "migrate")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Equal(t, []string{"slowapp/0001_slow"}, appliedIn(r.stdout))
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Equal(t, []string{"slowapp/0001_slow"}, appliedIn(r.Stdout))
 }
 
 // build builds cmd/better-compute into dir.

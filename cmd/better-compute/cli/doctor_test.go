@@ -26,9 +26,9 @@ var doctorChecks = []string{"connect", "postgres", "features", "btree_gist", "le
 // requireAllOK asserts that doctor passed: exit 0, and one OK line per check.
 func requireAllOK(t *testing.T, r result) {
 	t.Helper()
-	require.Equal(t, 0, r.code, r.stdout+r.stderr)
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	require.Len(t, lines, len(doctorChecks), r.stdout)
+	require.Equal(t, 0, r.Code, r.Stdout+r.Stderr)
+	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	require.Len(t, lines, len(doctorChecks), r.Stdout)
 	for i, l := range lines {
 		require.Regexp(t, `^OK\s+`+doctorChecks[i]+`\s`, l, "every line is OK, in order")
 	}
@@ -40,7 +40,7 @@ func requireAllOK(t *testing.T, r result) {
 func requireErrLine(t *testing.T, r result, want string) {
 	t.Helper()
 	require.Regexp(t, want, requireOneLineError(t, r, "", 1))
-	if out := strings.TrimSpace(r.stdout); out != "" {
+	if out := strings.TrimSpace(r.Stdout); out != "" {
 		for _, l := range strings.Split(out, "\n") {
 			require.Regexp(t, `^(OK  |FAIL) \S+\s+\S`, l, "one line per check")
 		}
@@ -51,11 +51,11 @@ func TestDoctorAllOK(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{Empty: true})
-	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").code)
+	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").Code)
 
 	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
 	requireAllOK(t, r)
-	require.Regexp(t, `(?m)^OK\s+clock\s+mode system`, r.stdout)
+	require.Regexp(t, `(?m)^OK\s+clock\s+mode system`, r.Stdout)
 }
 
 // TestDoctorAsANonSuperuserOwner: the deployment most production databases
@@ -71,10 +71,10 @@ func TestDoctorAsANonSuperuserOwner(t *testing.T) {
 	require.False(t, super)
 	require.False(t, readsStats)
 
-	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").code)
+	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").Code)
 	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
 	requireAllOK(t, r)
-	require.Regexp(t, `(?m)^OK\s+features\s+.*SKIP LOCKED`, r.stdout)
+	require.Regexp(t, `(?m)^OK\s+features\s+.*SKIP LOCKED`, r.Stdout)
 }
 
 // TestDoctorNamesATransactionThatHoldsTheOutboxBack: an open write transaction
@@ -88,9 +88,9 @@ func TestDoctorAsANonSuperuserOwner(t *testing.T) {
 func TestDoctorNamesATransactionThatHoldsTheOutboxBack(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{Empty: true}) // as the superuser: sees every session
-	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").code)
+	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").Code)
 	owned := pgtest.NewOwned(t) // sees only its own sessions
-	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(owned), "migrate").code)
+	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(owned), "migrate").Code)
 	other := pgtest.New(t, pgtest.Options{Empty: true})
 
 	cfg, err := pgx.ParseConfig(other.URL)
@@ -119,13 +119,13 @@ func TestDoctorNamesATransactionThatHoldsTheOutboxBack(t *testing.T) {
 	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor", "--max-xact-age", "200ms")
 	require.Regexp(t, `(?m)^FAIL\s+snapshot\s+a write transaction open longer than 200ms holds back every outbox reader on this server: `+
 		`open \S+, database `+regexp.QuoteMeta(other.Name)+`, pid `+strconv.Itoa(pid)+`, user postgres, application "held_open", state idle in transaction; `+
-		`1 committed event of this database waits`, r.stdout)
-	require.Contains(t, r.stdout, fmt.Sprintf("pg_terminate_backend(%d)", pid))
+		`1 committed event of this database waits`, r.Stdout)
+	require.Contains(t, r.Stdout, fmt.Sprintf("pg_terminate_backend(%d)", pid))
 	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 13 checks failed: snapshot$`)
 
 	r = run(t, ctx, cli.App{}, dbEnv(owned), "doctor", "--max-xact-age", "200ms")
 	require.Regexp(t, `(?m)^FAIL\s+snapshot\s+1 committed event of this database waits, `+
-		`held back by a transaction this role cannot see \(grant pg_read_all_stats to name it\)`, r.stdout)
+		`held back by a transaction this role cannot see \(grant pg_read_all_stats to name it\)`, r.Stdout)
 	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 13 checks failed: snapshot$`)
 
 	require.NoError(t, tx.Rollback(ctx))
@@ -158,20 +158,20 @@ func TestDoctorFindsStrayRunningJobs(t *testing.T) {
 	r := run(t, ctx, cli.App{}, env, "doctor")
 	require.Regexp(t, `(?m)^FAIL\s+strays\s+running jobs not attempted by their shard's holder, for more than 40s: `+
 		`shard 3: 1 running job attempted by ghost, the oldest 2m\d+s ago \(none holds shard 3: start a worker for it\); `+
-		`the shard's holder hands them back within one renewal \(20s\)$`, r.stdout)
+		`the shard's holder hands them back within one renewal \(20s\)$`, r.Stdout)
 	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 13 checks failed: strays$`)
 
 	// Held by another client: its holder should have handed it back by now.
 	db.MustExec(t, `INSERT INTO compute_leases (name, owner, expires_at)
 		VALUES ($1, 'w2', compute_now() + interval '1 hour')`, workers.ShardLease(3))
 	r = run(t, ctx, cli.App{}, env, "doctor")
-	require.Regexp(t, `(?m)^FAIL\s+strays\s+.*shard 3: 1 running job attempted by ghost, .*\(held by w2, which has not handed them back`, r.stdout)
+	require.Regexp(t, `(?m)^FAIL\s+strays\s+.*shard 3: 1 running job attempted by ghost, .*\(held by w2, which has not handed them back`, r.Stdout)
 
 	// Held by the client that attempted it: not a stray. The young one is noted.
 	db.MustExec(t, `UPDATE compute_leases SET owner = 'ghost' WHERE name = $1`, workers.ShardLease(3))
 	r = run(t, ctx, cli.App{}, env, "doctor")
 	requireAllOK(t, r)
-	require.Regexp(t, `(?m)^OK\s+strays\s+1 running job attempted by a client that does not hold the shard, for less than 40s`, r.stdout)
+	require.Regexp(t, `(?m)^OK\s+strays\s+1 running job attempted by a client that does not hold the shard, for less than 40s`, r.Stdout)
 }
 
 // TestDoctorFindsDirtyKeysNoReconcilerHandles: jobs.Dirty accepts any valid
@@ -197,14 +197,14 @@ func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
 
 	r := run(t, ctx, app, dbEnv(db), "doctor")
 	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+no registered reconciler handles the dirty keys of no_such_kind \(1 key\): `+
-		`a typo in jobs.Dirty, or a module missing from this binary \(registered: thing\)$`, r.stdout)
+		`a typo in jobs.Dirty, or a module missing from this binary \(registered: thing\)$`, r.Stdout)
 	// Nobody works the shards either: the keys' jobs wait.
-	require.Regexp(t, `(?m)^FAIL\s+leases\s`, r.stdout)
+	require.Regexp(t, `(?m)^FAIL\s+leases\s`, r.Stdout)
 	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 2 of 13 checks failed: leases, reconcilers$`)
 
 	// A binary without the module handles neither kind.
 	r = run(t, ctx, cli.App{}, dbEnv(db), "doctor")
-	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+no registered reconciler handles the dirty keys of no_such_kind \(1 key\), thing \(2 keys\): `, r.stdout)
+	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+no registered reconciler handles the dirty keys of no_such_kind \(1 key\), thing \(2 keys\): `, r.Stdout)
 }
 
 // TestDoctorSaysWhatFailedToConnect: a failed connection ends stderr with one
@@ -215,7 +215,7 @@ func TestDoctorSaysWhatFailedToConnect(t *testing.T) {
 	port := refusedPort(t)
 
 	r := run(t, ctx, cli.App{}, []string{fmt.Sprintf("BETTER_COMPUTE_DATABASE_URL=postgres://bob@127.0.0.1:%d/db?connect_timeout=5", port)}, "doctor")
-	require.Regexp(t, `^FAIL connect\s+\S`, r.stdout)
+	require.Regexp(t, `^FAIL connect\s+\S`, r.Stdout)
 	requireErrLine(t, r, `^UNAVAILABLE: doctor: connect failed: .*127\.0\.0\.1`)
 
 	// A role the server does not know: the configuration is wrong.
@@ -232,21 +232,21 @@ func TestDoctorFailsOnATamperedLedger(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{Empty: true})
-	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").code)
+	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").Code)
 	db.MustExec(t, "INSERT INTO compute_migrations (name, applied_at) VALUES ('core/9999_future', compute_now())")
 
 	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
-	require.NotEqual(t, 0, r.code)
-	require.Regexp(t, `(?m)^FAIL\s+ledger\s+.*core/9999_future`, r.stdout)
-	require.Regexp(t, `(?m)^OK\s+connect`, r.stdout, "the other checks still run")
-	require.Contains(t, r.stderr, "INVALID_CONFIG")
+	require.NotEqual(t, 0, r.Code)
+	require.Regexp(t, `(?m)^FAIL\s+ledger\s+.*core/9999_future`, r.Stdout)
+	require.Regexp(t, `(?m)^OK\s+connect`, r.Stdout, "the other checks still run")
+	require.Contains(t, r.Stderr, "INVALID_CONFIG")
 
 	// migrate refuses it too, and applies nothing.
 	before := ledger(t, db)
 	r = run(t, ctx, cli.App{}, dbEnv(db), "migrate")
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "INVALID_CONFIG")
-	require.Contains(t, r.stderr, "core/9999_future")
+	require.Equal(t, 1, r.Code)
+	require.Contains(t, r.Stderr, "INVALID_CONFIG")
+	require.Contains(t, r.Stderr, "core/9999_future")
 	require.Equal(t, before, ledger(t, db))
 }
 
@@ -255,9 +255,9 @@ func TestDoctorFailsOnAMissingExtension(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{Empty: true})
 	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
-	require.NotEqual(t, 0, r.code)
-	require.Regexp(t, `(?m)^FAIL\s+btree_gist\s`, r.stdout)
-	require.Regexp(t, `(?m)^FAIL\s+ledger\s+.*pending`, r.stdout)
-	require.Regexp(t, `(?m)^FAIL\s+clock\s+.*missing`, r.stdout)
-	require.Regexp(t, `(?m)^OK\s+connect`, r.stdout)
+	require.NotEqual(t, 0, r.Code)
+	require.Regexp(t, `(?m)^FAIL\s+btree_gist\s`, r.Stdout)
+	require.Regexp(t, `(?m)^FAIL\s+ledger\s+.*pending`, r.Stdout)
+	require.Regexp(t, `(?m)^FAIL\s+clock\s+.*missing`, r.Stdout)
+	require.Regexp(t, `(?m)^OK\s+connect`, r.Stdout)
 }

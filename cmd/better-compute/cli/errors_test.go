@@ -24,8 +24,8 @@ var errorLine = regexp.MustCompile(`^(INVALID_CONFIG|INVALID_ARGUMENT|NOT_FOUND|
 // error. It returns the last line.
 func requireOneLineError(t *testing.T, r result, code string, exit int) string {
 	t.Helper()
-	require.Equal(t, exit, r.code)
-	lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
+	require.Equal(t, exit, r.Code)
+	lines := strings.Split(strings.TrimRight(r.Stderr, "\n"), "\n")
 	last := lines[len(lines)-1]
 	require.Regexp(t, errorLine, last)
 	if code != "" {
@@ -88,7 +88,7 @@ func TestEveryErrorIsOneLine(t *testing.T) {
 			r := run(t, ctx, cli.App{}, tc.env, tc.args...)
 			last := requireOneLineError(t, r, tc.code, tc.exit)
 			require.Contains(t, last, tc.says)
-			require.NotContains(t, r.stdout+r.stderr, secret)
+			require.NotContains(t, r.Stdout+r.Stderr, secret)
 		})
 	}
 }

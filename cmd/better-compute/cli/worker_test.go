@@ -46,15 +46,15 @@ func TestWorkerBadShards(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	r := run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=postgres://nobody@127.0.0.1:1/none"}, "worker", "--shards", "0-x")
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "INVALID_CONFIG")
-	require.Contains(t, r.stderr, `--shards "0-x"`)
+	require.Equal(t, 1, r.Code)
+	require.Contains(t, r.Stderr, "INVALID_CONFIG")
+	require.Contains(t, r.Stderr, `--shards "0-x"`)
 
 	db := pgtest.New(t)
 	r = run(t, ctx, cli.App{}, dbEnv(db), "worker", "--no-migrate", "--shards", "3,16")
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "INVALID_CONFIG")
-	require.Contains(t, r.stderr, "16 shards (0-15)")
+	require.Equal(t, 1, r.Code)
+	require.Contains(t, r.Stderr, "INVALID_CONFIG")
+	require.Contains(t, r.Stderr, "16 shards (0-15)")
 }
 
 // TestWorkerRunsAndStops: the worker command works its shards until its context
@@ -76,7 +76,7 @@ func TestWorkerRunsAndStops(t *testing.T) {
 	require.Equal(t, 4, db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE name IN ('shard/0','shard/1','shard/2','shard/3')`))
 	cancel()
 	r := <-done
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE expires_at > compute_now()`), "leases released on stop")
 }
 
@@ -90,8 +90,8 @@ func TestMigrateValidatesModulesFirst(t *testing.T) {
 		return r.Reconciler(workers.Reconciler{Kind: "broken"})
 	}}}}
 	r := run(t, context.Background(), bad, dbEnv(db), "migrate")
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "INVALID_CONFIG")
-	require.Contains(t, r.stderr, "broken")
+	require.Equal(t, 1, r.Code)
+	require.Contains(t, r.Stderr, "INVALID_CONFIG")
+	require.Contains(t, r.Stderr, "broken")
 	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM pg_tables WHERE tablename = 'compute_migrations'`), "nothing touched")
 }

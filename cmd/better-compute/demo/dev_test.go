@@ -1,9 +1,7 @@
 package demo
 
 import (
-	"bytes"
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
@@ -20,18 +19,12 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-type result struct {
-	code           int
-	stdout, stderr string
-}
+type result = clitest.Result
 
 // run runs one command line of app in-process against env (KEY=VALUE).
 func run(t *testing.T, ctx context.Context, app cli.App, env []string, args ...string) result {
 	t.Helper()
-	var stdout, stderr bytes.Buffer
-	code := cli.Run(ctx, app, args, cli.Env{Stdout: &stdout, Stderr: &stderr, Environ: env})
-	t.Logf("%s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
-	return result{code, stdout.String(), stderr.String()}
+	return clitest.Run(t, ctx, app, env, args...)
 }
 
 // TestDevRunsTheDemoApplication: dev of the better-compute binary (the demo
@@ -61,15 +54,15 @@ func TestDevRunsTheDemoApplication(t *testing.T) {
 	require.Greater(t, p.RowsDone, int64(0))
 
 	r := run(t, context.Background(), app, env, "backfill", "status", DemoBackfill)
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, `(?m)^state:\s+running`, r.stdout)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Regexp(t, `(?m)^state:\s+running`, r.Stdout)
 	r = run(t, context.Background(), cli.App{}, env, "backfill", "status", DemoBackfill)
-	require.Equal(t, 1, r.code, "an application without the demos does not know it")
-	require.Contains(t, r.stderr, "NOT_FOUND: unknown backfill")
+	require.Equal(t, 1, r.Code, "an application without the demos does not know it")
+	require.Contains(t, r.Stderr, "NOT_FOUND: unknown backfill")
 	cancel()
 	select {
 	case r := <-done:
-		require.Equal(t, 0, r.code, r.stderr)
+		require.Equal(t, 0, r.Code, r.Stderr)
 	case <-time.After(60 * time.Second):
 		t.Fatal("dev did not stop")
 	}
@@ -80,7 +73,7 @@ func TestDevRunsTheDemoApplication(t *testing.T) {
 		return jobs.Dirty(context.Background(), tx, DemoReconciler, "counter-999", nil)
 	}))
 	r = run(t, context.Background(), app, env, "doctor")
-	require.NotRegexp(t, `(?m)^FAIL\s+reconcilers\s`, r.stdout)
+	require.NotRegexp(t, `(?m)^FAIL\s+reconcilers\s`, r.Stdout)
 	r = run(t, context.Background(), cli.App{}, env, "doctor")
-	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+.*`+DemoReconciler+` \(\d+ keys?\)`, r.stdout)
+	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+.*`+DemoReconciler+` \(\d+ keys?\)`, r.Stdout)
 }

@@ -1,0 +1,33 @@
+// Package clitest runs an application's command lines in-process, for tests:
+// the same cli.Run the binary's main calls, with its output captured.
+//
+//	r := clitest.Run(t, ctx, app, []string{"BETTER_COMPUTE_DATABASE_URL=" + db.URL}, "doctor")
+//	require.Equal(t, 0, r.Code, r.Stderr)
+package clitest
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+)
+
+// Result is what one command line did: its exit code and its output.
+type Result struct {
+	Code           int
+	Stdout, Stderr string
+}
+
+// Run runs one command line of app in-process, with env (KEY=VALUE) as its
+// whole environment, and logs what it printed. It returns when the command
+// does; cancel ctx to stop a long-running one (worker, serve, dev) as SIGTERM
+// would.
+func Run(tb testing.TB, ctx context.Context, app cli.App, env []string, args ...string) Result {
+	tb.Helper()
+	var stdout, stderr bytes.Buffer
+	code := cli.Run(ctx, app, args, cli.Env{Stdout: &stdout, Stderr: &stderr, Environ: env})
+	tb.Logf("%s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
+	return Result{code, stdout.String(), stderr.String()}
+}
