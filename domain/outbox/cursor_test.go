@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox/outboxtest"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 )
@@ -60,8 +61,8 @@ func TestTailReadsEveryEventOnceInOrder(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	for _, k := range []string{"o0", "o1", "o2"} {
-		appendOne(t, db.Pool, "orders", k, nil)
-		appendOne(t, db.Pool, "other", k, nil)
+		outboxtest.Append(t, db.Pool, "orders", k, nil)
+		outboxtest.Append(t, db.Pool, "other", k, nil)
 	}
 
 	tail, gap := openTail(t, db.Pool, outbox.Start, outbox.TailOptions{Topics: []string{"orders"}, Limit: 2})
@@ -72,7 +73,7 @@ func TestTailReadsEveryEventOnceInOrder(t *testing.T) {
 	require.Empty(t, gaps)
 
 	// The row after o2 is of another topic: the cursor moves past it.
-	evs, end := readN(t, db.Pool, outbox.Cursor{}, 6)
+	evs, end := outboxtest.ReadN(t, db.Pool, outbox.Cursor{}, 6)
 	require.Equal(t, "other", evs[5].Topic)
 	for tail.Cursor() != end {
 		b, err := tail.Next(context.Background(), db.Pool)
@@ -88,7 +89,7 @@ func TestTailReadsEveryEventOnceInOrder(t *testing.T) {
 	require.Equal(t, evs[1].ID, after.Cursor())
 	atEnd, gap := openTail(t, db.Pool, outbox.End, outbox.TailOptions{})
 	require.Nil(t, gap)
-	appendOne(t, db.Pool, "orders", "new", nil)
+	outboxtest.Append(t, db.Pool, "orders", "new", nil)
 	keys, _ = tailKeys(t, db.Pool, after, "new")
 	require.Equal(t, []string{"o1", "o1", "o2", "o2", "new"}, keys)
 	keys, _ = tailKeys(t, db.Pool, atEnd, "new")
@@ -104,12 +105,12 @@ func TestTailOpenedBehindTheHorizonHasAGap(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	ids := appendIDs(t, db.Pool, outbox.Cursor{}, "e", 6)
+	ids := outboxtest.AppendIDs(t, db.Pool, outbox.Cursor{}, "e", 6)
 	require.NoError(t, outbox.EnsureSink(ctx, db.Pool, "keep", outbox.After(ids[2])))
 	n, err := outbox.Prune(ctx, db.Pool, outbox.PruneOptions{})
 	require.NoError(t, err)
 	require.Equal(t, 3, n)
-	appendOne(t, db.Pool, "t", "sentinel", nil)
+	outboxtest.Append(t, db.Pool, "t", "sentinel", nil)
 	rest := []string{"e3", "e4", "e5", "sentinel"}
 
 	for _, from := range []outbox.Cursor{ids[0], ids[1], {}} {
@@ -146,8 +147,8 @@ func TestTailCheckHorizon(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	appendOne(t, db.Pool, "t", "first", nil)
-	_, first := readN(t, db.Pool, outbox.Cursor{}, 1)
+	outboxtest.Append(t, db.Pool, "t", "first", nil)
+	_, first := outboxtest.ReadN(t, db.Pool, outbox.Cursor{}, 1)
 
 	tail, _ := openTail(t, db.Pool, outbox.Start, outbox.TailOptions{})
 	keys, _ := tailKeys(t, db.Pool, tail, "first")
@@ -159,10 +160,10 @@ func TestTailCheckHorizon(t *testing.T) {
 	require.Nil(t, gap, "nothing pruned")
 	require.Equal(t, first, tail.Cursor())
 
-	ids := appendIDs(t, db.Pool, first, "e", 3)
+	ids := outboxtest.AppendIDs(t, db.Pool, first, "e", 3)
 	pruneAll(t, db.Pool, outbox.PruneOptions{}, 4) // no sink: first, e0, e1, e2
-	appendOne(t, db.Pool, "t", "new", nil)
-	evs, _ := readN(t, db.Pool, ids[2], 1)
+	outboxtest.Append(t, db.Pool, "t", "new", nil)
+	evs, _ := outboxtest.ReadN(t, db.Pool, ids[2], 1)
 
 	gap, err = tail.CheckHorizon(ctx, db.Pool)
 	require.NoError(t, err)
@@ -190,7 +191,7 @@ func TestTailOvertakenByRetentionHasAGap(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	fresh, _ := openTail(t, db.Pool, outbox.Start, outbox.TailOptions{})
-	ids := appendIDs(t, db.Pool, outbox.Cursor{}, "e", 5)
+	ids := outboxtest.AppendIDs(t, db.Pool, outbox.Cursor{}, "e", 5)
 	tail, gap := openTail(t, db.Pool, outbox.After(ids[0]), outbox.TailOptions{Limit: 1})
 	require.Nil(t, gap)
 

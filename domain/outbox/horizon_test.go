@@ -12,25 +12,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox/outboxtest"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 )
-
-// appendIDs appends n events of topic t, one transaction each, keyed key0,
-// key1 …, and returns their ids once they are readable.
-func appendIDs(t testing.TB, db pg.DBTX, after outbox.Cursor, key string, n int) []outbox.Cursor {
-	t.Helper()
-	for i := 0; i < n; i++ {
-		appendOne(t, db, "t", key+string(rune('0'+i)), i)
-	}
-	evs, _ := readN(t, db, after, n)
-	ids := make([]outbox.Cursor, n)
-	for i, e := range evs {
-		ids[i] = e.ID
-	}
-	return ids
-}
 
 // horizon reads the retention horizon.
 func horizon(t testing.TB, db pg.DBTX) outbox.Horizon {
@@ -69,7 +55,7 @@ func TestPruneRecordsTheHorizon(t *testing.T) {
 
 	h := horizon(t, db.Pool)
 	require.Equal(t, outbox.Horizon{}, h, "nothing pruned, nothing stored")
-	ids := appendIDs(t, db.Pool, outbox.Cursor{}, "e", 8)
+	ids := outboxtest.AppendIDs(t, db.Pool, outbox.Cursor{}, "e", 8)
 	h = horizon(t, db.Pool)
 	require.True(t, h.Through.IsZero())
 	require.Equal(t, ids[0], h.Earliest)
@@ -159,7 +145,7 @@ func TestResetSinkRefusesAPrunedPosition(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	ids := appendIDs(t, db.Pool, outbox.Cursor{}, "e", 5)
+	ids := outboxtest.AppendIDs(t, db.Pool, outbox.Cursor{}, "e", 5)
 	require.NoError(t, outbox.EnsureSink(ctx, db.Pool, "s", outbox.After(ids[1])))
 	n, err := outbox.Prune(ctx, db.Pool, outbox.PruneOptions{})
 	require.NoError(t, err)
@@ -222,7 +208,7 @@ func TestPruneAndResetSinkTakeTurns(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	ids := appendIDs(t, db.Pool, outbox.Cursor{}, "a", 3)
+	ids := outboxtest.AppendIDs(t, db.Pool, outbox.Cursor{}, "a", 3)
 	require.NoError(t, outbox.EnsureSink(ctx, db.Pool, "s", outbox.End))
 	end, err := outbox.SinkCursor(ctx, db.Pool, "s")
 	require.NoError(t, err)
@@ -250,7 +236,7 @@ func TestPruneAndResetSinkTakeTurns(t *testing.T) {
 
 	// A reset in progress holds the horizon: the prune waits, then sees the new
 	// cursor and deletes nothing after it.
-	ids = appendIDs(t, db.Pool, ids[2], "b", 3)
+	ids = outboxtest.AppendIDs(t, db.Pool, ids[2], "b", 3)
 	tx, err = db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck
@@ -284,7 +270,7 @@ func TestResetSinkRacingPruneNeverLosesEvents(t *testing.T) {
 	var last outbox.Cursor
 	accepted, refused := 0, 0
 	for i := 0; i < 60; i++ {
-		ids := appendIDs(t, db.Pool, last, "r", 3)
+		ids := outboxtest.AppendIDs(t, db.Pool, last, "r", 3)
 		last = ids[2]
 		_, err := outbox.ResetSink(ctx, db.Pool, "s", outbox.End)
 		require.NoError(t, err)

@@ -11,45 +11,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox/outboxtest"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
-
-// appendOne appends one event in its own transaction.
-func appendOne(t testing.TB, db pg.DBTX, topic, key string, payload any) {
-	t.Helper()
-	ctx := context.Background()
-	require.NoError(t, pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
-		return outbox.Append(ctx, tx, outbox.Message{Topic: topic, Key: key, Payload: payload})
-	}))
-}
-
-// readN reads after c, following the cursor, until it has n events. Every test
-// database shares one cluster, and the read rule waits for every older
-// transaction of the cluster (another test creating its database, say), so a
-// committed event may take a moment to become readable.
-func readN(t testing.TB, db pg.DBTX, c outbox.Cursor, n int, topics ...string) ([]outbox.Event, outbox.Cursor) {
-	t.Helper()
-	var out []outbox.Event
-	deadline := time.Now().Add(20 * time.Second)
-	for len(out) < n {
-		evs, next, _, err := outbox.Read(context.Background(), db, outbox.ReadOptions{After: c, Limit: 3, Topics: topics})
-		require.NoError(t, err)
-		out = append(out, evs...)
-		c = next
-		if time.Now().After(deadline) {
-			t.Fatalf("read %d events, want %d", len(out), n)
-		}
-		if len(evs) == 0 {
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	require.Len(t, out, n)
-	return out, c
-}
 
 // stored lists the keys of every stored event in (txid, seq) order.
 func stored(t testing.TB, db pg.DBTX) []string {
@@ -90,8 +58,8 @@ func TestAppendWritesInTheCallersTransaction(t *testing.T) {
 			outbox.Message{Topic: "u", Key: "b", Payload: []byte(`[1,2]`)},
 			outbox.Message{Topic: "t", Key: "c"})
 	}))
-	appendOne(t, db.Pool, "t", "d", "text")
-	evs, end := readN(t, db.Pool, outbox.Cursor{}, 4)
+	outboxtest.Append(t, db.Pool, "t", "d", "text")
+	evs, end := outboxtest.ReadN(t, db.Pool, outbox.Cursor{}, 4)
 	require.Equal(t, []string{"a", "b", "c", "d"}, keys(evs))
 	require.JSONEq(t, `{"n":1}`, string(evs[0].Payload))
 	require.JSONEq(t, `[1,2]`, string(evs[1].Payload))
@@ -266,9 +234,9 @@ func TestPruneDeletesOnlyRowsEveryCursorPassed(t *testing.T) {
 	db := pgtest.New(t)
 	var ids []outbox.Cursor
 	for i := 0; i < 10; i++ {
-		appendOne(t, db.Pool, "t", string(rune('a'+i)), i)
+		outboxtest.Append(t, db.Pool, "t", string(rune('a'+i)), i)
 	}
-	evs, _ := readN(t, db.Pool, outbox.Cursor{}, 10)
+	evs, _ := outboxtest.ReadN(t, db.Pool, outbox.Cursor{}, 10)
 	for _, e := range evs {
 		ids = append(ids, e.ID)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox/outboxtest"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
@@ -18,9 +19,9 @@ func TestSinkState(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	for i := 0; i < 3; i++ {
-		appendOne(t, db.Pool, "t", "k", i)
+		outboxtest.Append(t, db.Pool, "t", "k", i)
 	}
-	evs, last := readN(t, db.Pool, outbox.Cursor{}, 3)
+	evs, last := outboxtest.ReadN(t, db.Pool, outbox.Cursor{}, 3)
 
 	require.True(t, fault.Has(outbox.EnsureSink(ctx, db.Pool, "Bad Name", outbox.Start), fault.InvalidConfig))
 	require.NoError(t, outbox.EnsureSink(ctx, db.Pool, "from-start", outbox.Start))

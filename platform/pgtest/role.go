@@ -23,7 +23,7 @@ import (
 // empty, so that the test runs migrate as the owner itself.
 //
 //	db := pgtest.NewOwned(t)
-//	r := run(t, ctx, app, []string{"BETTER_COMPUTE_DATABASE_URL=" + db.URL}, "migrate")
+//	r := clitest.Run(t, ctx, app, []string{"BETTER_COMPUTE_DATABASE_URL=" + db.URL}, "migrate")
 //
 // At cleanup the pool is closed, and if the test passed the database (first,
 // WITH (FORCE)) and the role are dropped; a failed test keeps both and logs

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/testdata/backfill/inventory"
@@ -116,31 +117,31 @@ func TestBackfillWorkedExample(t *testing.T) {
 	const seeded = 20000
 
 	// Release 1: the table, 20,000 items, and its writers.
-	r := run(t, ctx, app(1), env, "migrate")
+	r := clitest.Run(t, ctx, app(1), env, "migrate")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	db.MustExec(t, `INSERT INTO inventory_items (name) SELECT 'Item-' || g || '-ABC' FROM generate_series(1, $1) g`, seeded)
 	v1 := startWriters(db, 1, 2)
 	v1.waitOps(t, 20)
 
 	// Release 2, expand, while release 1 writes.
-	r = run(t, ctx, app(2), env, "migrate")
+	r = clitest.Run(t, ctx, app(2), env, "migrate")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "applied inventory/0002_expand_normalized_name")
 	v1.waitOps(t, 20)
 
 	// Cleaning up before the backfill ran is refused, and leaves nothing.
-	r = run(t, ctx, app(4), env, "migrate")
+	r = clitest.Run(t, ctx, app(4), env, "migrate")
 	require.Equal(t, 1, r.Code)
 	require.Contains(t, r.Stderr, "the backfill inventory_normalized_name has not finished")
 	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM compute_migrations WHERE name = 'inventory/0003_normalized_name_not_null'`))
 
 	// Release 2's worker, and the operator starts the backfill.
 	workertest.Start(t, db.Pool, bfRegistry(t, app(2)), nil)
-	r = run(t, ctx, app(2), env, "backfill", "start", "inventory_normalized_name")
+	r = clitest.Run(t, ctx, app(2), env, "backfill", "start", "inventory_normalized_name")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "started backfill inventory_normalized_name")
 	require.Contains(t, r.Stdout, "rows to go")
-	r = run(t, ctx, app(2), env, "backfill", "start", "inventory_normalized_name")
+	r = clitest.Run(t, ctx, app(2), env, "backfill", "start", "inventory_normalized_name")
 	require.Equal(t, 1, r.Code)
 	require.True(t, strings.HasPrefix(r.Stderr, "CONFLICT: backfill inventory_normalized_name is already running"), r.Stderr)
 
@@ -148,7 +149,7 @@ func TestBackfillWorkedExample(t *testing.T) {
 	// release 1 keeps adding and renaming.
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	r = run(t, wctx, app(2), env, "backfill", "status", "inventory_normalized_name", "--watch", "--every", "50ms")
+	r = clitest.Run(t, wctx, app(2), env, "backfill", "status", "inventory_normalized_name", "--watch", "--every", "50ms")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.NotContains(t, r.Stdout, "\r", "no bar when stdout is not a terminal")
 	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
@@ -189,7 +190,7 @@ func TestBackfillWorkedExample(t *testing.T) {
 	}
 
 	// Release 4, clean up, while release 3 writes.
-	r = run(t, ctx, app(4), env, "migrate")
+	r = clitest.Run(t, ctx, app(4), env, "migrate")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "applied inventory/0003_normalized_name_not_null")
 	v3.waitOps(t, 20)
@@ -204,10 +205,10 @@ func TestBackfillWorkedExample(t *testing.T) {
 	require.Equal(t, "23502", pg.SQLState(err))
 
 	// Release 4 no longer registers the backfill; its record stays.
-	r = run(t, ctx, app(4), env, "backfill", "status", "inventory_normalized_name")
+	r = clitest.Run(t, ctx, app(4), env, "backfill", "status", "inventory_normalized_name")
 	require.Equal(t, 1, r.Code)
 	require.Contains(t, r.Stderr, "NOT_FOUND")
-	r = run(t, ctx, app(3), env, "backfill", "list")
+	r = clitest.Run(t, ctx, app(3), env, "backfill", "list")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Regexp(t, `inventory_normalized_name\s+done\s+\d+`, r.Stdout)
 }
@@ -257,86 +258,86 @@ func TestBackfillVerbs(t *testing.T) {
 	db := pgtest.New(t)
 	env := dbEnv(db)
 	app := verbsApp()
-	r := run(t, ctx, app, env, "migrate")
+	r := clitest.Run(t, ctx, app, env, "migrate")
 	require.Equal(t, 0, r.Code, r.Stderr)
 
 	for _, args := range [][]string{{"backfill"}, {"backfill", "frobnicate", "alpha_fill"}, {"backfill", "start"},
 		{"backfill", "list", "extra"}, {"backfill", "status", "alpha_fill", "--progress", "sparkles"}} {
-		r = run(t, ctx, app, env, args...)
+		r = clitest.Run(t, ctx, app, env, args...)
 		require.Equal(t, 1, r.Code)
 		require.True(t, strings.HasPrefix(r.Stderr, "INVALID_ARGUMENT: "), r.Stderr)
 	}
-	r = run(t, ctx, app, env, "backfill", "start", "nope")
+	r = clitest.Run(t, ctx, app, env, "backfill", "start", "nope")
 	require.Equal(t, 1, r.Code)
 	require.Equal(t, "NOT_FOUND: unknown backfill \"nope\": this binary knows alpha_fill, beta_fill\n", r.Stderr)
-	r = run(t, ctx, cli.App{}, env, "backfill", "start", "alpha_fill")
+	r = clitest.Run(t, ctx, cli.App{}, env, "backfill", "start", "alpha_fill")
 	require.Equal(t, 1, r.Code, "a binary that does not register it does not know it")
 	require.Contains(t, r.Stderr, "NOT_FOUND")
 
-	r = run(t, ctx, app, env, "backfill", "status", "alpha_fill")
+	r = clitest.Run(t, ctx, app, env, "backfill", "status", "alpha_fill")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "pending (never started)")
-	r = run(t, ctx, app, env, "backfill", "pause", "alpha_fill")
+	r = clitest.Run(t, ctx, app, env, "backfill", "pause", "alpha_fill")
 	require.Equal(t, 1, r.Code)
 	require.Equal(t, "NOT_FOUND: backfill alpha_fill was never started\n", r.Stderr)
 
 	// Started with no worker running: it stays running, its first job waiting.
-	r = run(t, ctx, app, env, "backfill", "start", "alpha_fill")
+	r = clitest.Run(t, ctx, app, env, "backfill", "start", "alpha_fill")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "~500 rows to go")
-	r = run(t, ctx, app, env, "backfill", "start", "alpha_fill")
+	r = clitest.Run(t, ctx, app, env, "backfill", "start", "alpha_fill")
 	require.Equal(t, 1, r.Code)
 	require.Equal(t, "CONFLICT: backfill alpha_fill is already running (batch 0)\n", r.Stderr)
-	r = run(t, ctx, app, env, "backfill", "resume", "alpha_fill")
+	r = clitest.Run(t, ctx, app, env, "backfill", "resume", "alpha_fill")
 	require.Equal(t, 1, r.Code)
 	require.True(t, strings.HasPrefix(r.Stderr, "CONFLICT: "), r.Stderr)
-	r = run(t, ctx, app, env, "backfill", "list")
+	r = clitest.Run(t, ctx, app, env, "backfill", "list")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Regexp(t, `alpha_fill\s+running\s+0\s+0\s+0%`, r.Stdout)
 	require.Regexp(t, `beta_fill\s+pending`, r.Stdout)
 
 	workertest.Start(t, db.Pool, bfRegistry(t, app), nil)
-	r = run(t, ctx, app, env, "backfill", "status", "alpha_fill", "--watch", "--every", "50ms", "--progress", "bar")
+	r = clitest.Run(t, ctx, app, env, "backfill", "status", "alpha_fill", "--watch", "--every", "50ms", "--progress", "bar")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "100%", "the bar ends full")
 	require.Contains(t, r.Stdout, "(500/500)")
 	require.Contains(t, r.Stdout, "alpha_fill: done, 500 rows in 6 batches")
-	r = run(t, ctx, app, env, "backfill", "status", "alpha_fill")
+	r = clitest.Run(t, ctx, app, env, "backfill", "status", "alpha_fill")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Regexp(t, `(?m)^state:\s+done$`, r.Stdout)
 	require.Regexp(t, `(?m)^progress:\s+500 rows in 6 batches$`, r.Stdout)
 	require.Regexp(t, `(?m)^finished:`, r.Stdout)
 
 	// A batch that fails: retried with backoff, its last error in status.
-	r = run(t, ctx, app, env, "backfill", "start", "beta_fill")
+	r = clitest.Run(t, ctx, app, env, "backfill", "start", "beta_fill")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	workertest.WaitFor(t, 30*time.Second, "beta's error recorded", func() bool {
 		p, err := backfill.Get(ctx, db.Pool, "beta_fill")
 		return err == nil && p.LastError != nil && p.JobState != nil && *p.JobState == "retryable"
 	})
-	r = run(t, ctx, app, env, "backfill", "status", "beta_fill")
+	r = clitest.Run(t, ctx, app, env, "backfill", "status", "beta_fill")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Regexp(t, `(?m)^state:\s+running, retrying batch 0 \(attempt \d+ of 25 failed; next at `, r.Stdout)
 	require.Regexp(t, `(?m)^last error:\s+attempt \d+: backfill beta_fill batch 0: beta is broken: column b is cursed \(.*, \d+ failed attempts this run\)$`, r.Stdout)
-	r = run(t, ctx, app, env, "backfill", "list")
+	r = clitest.Run(t, ctx, app, env, "backfill", "list")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Regexp(t, `beta_fill\s+running\s+0\s+0\s+-\s+-\s+-\s+attempt \d+: backfill beta_fill batch 0: beta is broken`, r.Stdout)
 
-	r = run(t, ctx, app, env, "backfill", "pause", "beta_fill")
+	r = clitest.Run(t, ctx, app, env, "backfill", "pause", "beta_fill")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "paused backfill beta_fill after 0 rows in 0 batches")
-	r = run(t, ctx, app, env, "backfill", "pause", "beta_fill")
+	r = clitest.Run(t, ctx, app, env, "backfill", "pause", "beta_fill")
 	require.Equal(t, 0, r.Code, "pausing a paused backfill changes nothing")
-	r = run(t, ctx, app, env, "backfill", "status", "beta_fill")
+	r = clitest.Run(t, ctx, app, env, "backfill", "status", "beta_fill")
 	require.Regexp(t, `(?m)^state:\s+paused$`, r.Stdout)
 	require.Regexp(t, `(?m)^job:\s+\d+, cancelled, `, r.Stdout, "the waiting retry was cancelled in River")
-	r = run(t, ctx, app, env, "backfill", "cancel", "beta_fill")
+	r = clitest.Run(t, ctx, app, env, "backfill", "cancel", "beta_fill")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "cancelled backfill beta_fill")
-	r = run(t, ctx, app, env, "backfill", "resume", "beta_fill")
+	r = clitest.Run(t, ctx, app, env, "backfill", "resume", "beta_fill")
 	require.Equal(t, 1, r.Code)
 	require.Equal(t, "CONFLICT: backfill beta_fill is cancelled: start runs it again\n", r.Stderr)
-	r = run(t, ctx, app, env, "backfill", "cancel", "alpha_fill")
+	r = clitest.Run(t, ctx, app, env, "backfill", "cancel", "alpha_fill")
 	require.Equal(t, 1, r.Code)
 	require.Equal(t, "CONFLICT: backfill alpha_fill is done: only a running or paused backfill is cancelled\n", r.Stderr)
 }

@@ -28,14 +28,6 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-type result = clitest.Result
-
-// run runs one command line of app in-process against env (KEY=VALUE).
-func run(t *testing.T, ctx context.Context, app cli.App, env []string, args ...string) result {
-	t.Helper()
-	return clitest.Run(t, ctx, app, env, args...)
-}
-
 func dbEnv(db *pgtest.DB) []string {
 	return []string{"BETTER_COMPUTE_DATABASE_URL=" + db.URL, "BETTER_COMPUTE_LOG_LEVEL=warn"}
 }
@@ -109,14 +101,14 @@ func TestMigrateTwice(t *testing.T) {
 	db := pgtest.New(t, pgtest.Options{Empty: true})
 	want := builtinNames(t)
 
-	r := run(t, ctx, cli.App{}, dbEnv(db), "migrate")
+	r := clitest.Run(t, ctx, cli.App{}, dbEnv(db), "migrate")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Equal(t, want, appliedIn(r.Stdout), "prints each migration it applied, in order")
 	require.Contains(t, r.Stdout, fmt.Sprintf("migrate: %d applied, 0 already current", len(want)))
 	require.Equal(t, sorted(want), ledger(t, db))
 	require.Equal(t, 1, db.MustCount(t, "SELECT count(*) FROM pg_extension WHERE extname = 'btree_gist'"), "migrate creates btree_gist")
 
-	r = run(t, ctx, cli.App{}, dbEnv(db), "migrate")
+	r = clitest.Run(t, ctx, cli.App{}, dbEnv(db), "migrate")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Empty(t, appliedIn(r.Stdout), "the second run applies nothing")
 	require.Contains(t, r.Stdout, fmt.Sprintf("migrate: 0 applied, %d already current", len(want)))
@@ -130,7 +122,7 @@ func TestMigrateWithAnApplicationModule(t *testing.T) {
 	app := cli.App{Modules: []cli.Module{{Name: "inventory", Migrations: fstest.MapFS{
 		"0001_items.sql": {Data: []byte("CREATE TABLE inventory_items (id bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT compute_now())")},
 	}}}}
-	r := run(t, ctx, app, dbEnv(db), "migrate")
+	r := clitest.Run(t, ctx, app, dbEnv(db), "migrate")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	applied := appliedIn(r.Stdout)
 	require.Equal(t, "inventory/0001_items", applied[len(applied)-1], "application modules run last")
@@ -139,7 +131,7 @@ func TestMigrateWithAnApplicationModule(t *testing.T) {
 	// A module with a badly named file fails before anything touches the store.
 	db2 := pgtest.New(t, pgtest.Options{Empty: true})
 	bad := cli.App{Modules: []cli.Module{{Name: "inventory", Migrations: fstest.MapFS{"1_items.sql": {Data: []byte("SELECT 1")}}}}}
-	r = run(t, ctx, bad, dbEnv(db2), "migrate")
+	r = clitest.Run(t, ctx, bad, dbEnv(db2), "migrate")
 	require.Equal(t, 1, r.Code)
 	require.Contains(t, r.Stderr, "INVALID_CONFIG")
 	require.Contains(t, r.Stderr, "inventory/1_items.sql")
@@ -150,14 +142,14 @@ func TestMigrateValidatesTheConfigurationFirst(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{Empty: true})
-	r := run(t, ctx, cli.App{}, append(dbEnv(db), "BETTER_COMPUTE_DB_MAX_CONNS=0"), "migrate")
+	r := clitest.Run(t, ctx, cli.App{}, append(dbEnv(db), "BETTER_COMPUTE_DB_MAX_CONNS=0"), "migrate")
 	require.Equal(t, 1, r.Code)
 	require.Contains(t, r.Stderr, "INVALID_CONFIG")
 	require.Contains(t, r.Stderr, "BETTER_COMPUTE_DB_MAX_CONNS")
 	require.Equal(t, 0, db.MustCount(t, "SELECT count(*) FROM pg_class WHERE relname = 'compute_migrations'"), "the store was not touched")
 
 	// A flag overrides the bad variable.
-	r = run(t, ctx, cli.App{}, append(dbEnv(db), "BETTER_COMPUTE_DB_MAX_CONNS=0"), "migrate", "--db-max-conns", "3")
+	r = clitest.Run(t, ctx, cli.App{}, append(dbEnv(db), "BETTER_COMPUTE_DB_MAX_CONNS=0"), "migrate", "--db-max-conns", "3")
 	require.Equal(t, 0, r.Code, r.Stderr)
 }
 
@@ -170,7 +162,7 @@ func TestHelpListsEveryVariable(t *testing.T) {
 	require.NotEmpty(t, fields)
 
 	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"migrate", "--help"}, {"doctor", "--help"}, {"dev", "--help"}} {
-		r := run(t, ctx, cli.App{}, nil, args...)
+		r := clitest.Run(t, ctx, cli.App{}, nil, args...)
 		require.Equal(t, 0, r.Code, args)
 		for _, f := range fields {
 			def := f.Default
@@ -180,26 +172,26 @@ func TestHelpListsEveryVariable(t *testing.T) {
 			require.Regexp(t, `(?m)^\s+`+f.Env+`\s+--`+regexp.QuoteMeta(f.Flag)+`\s+`+regexp.QuoteMeta(def)+`\s`, r.Stdout, "%v: %s", args, f.Env)
 		}
 	}
-	r := run(t, ctx, cli.App{}, nil, "--help")
+	r := clitest.Run(t, ctx, cli.App{}, nil, "--help")
 	for _, c := range []string{"migrate", "doctor", "dev"} {
 		require.Regexp(t, `(?m)^\s+`+c+`\s`, r.Stdout)
 	}
-	r = run(t, ctx, cli.App{}, nil, "migrate", "--help")
+	r = clitest.Run(t, ctx, cli.App{}, nil, "migrate", "--help")
 	require.Contains(t, r.Stdout, "--dev")
 }
 
 func TestUsageErrors(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	r := run(t, ctx, cli.App{}, nil, "frobnicate")
+	r := clitest.Run(t, ctx, cli.App{}, nil, "frobnicate")
 	require.Equal(t, 2, r.Code)
 	require.Contains(t, r.Stderr, `unknown command "frobnicate"`)
 
-	r = run(t, ctx, cli.App{}, nil)
+	r = clitest.Run(t, ctx, cli.App{}, nil)
 	require.Equal(t, 2, r.Code, "no command")
 	require.Contains(t, r.Stdout, "Usage")
 
-	r = run(t, ctx, cli.App{}, nil, "migrate", "--no-such-flag")
+	r = clitest.Run(t, ctx, cli.App{}, nil, "migrate", "--no-such-flag")
 	require.Equal(t, 2, r.Code)
 	require.Contains(t, r.Stderr, "no-such-flag")
 }
@@ -209,7 +201,7 @@ func TestEmbeddedNeedsDev(t *testing.T) {
 	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "pg")
 	for _, cmd := range []string{"migrate", "doctor"} {
-		r := run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=embedded:" + dir}, cmd)
+		r := clitest.Run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=embedded:" + dir}, cmd)
 		require.Equal(t, 1, r.Code, cmd)
 		require.Contains(t, r.Stdout+r.Stderr, "INVALID_CONFIG", cmd)
 		require.Contains(t, r.Stdout+r.Stderr, "--dev", cmd)
@@ -220,7 +212,7 @@ func TestEmbeddedNeedsDev(t *testing.T) {
 func TestMigrateWithDevOnAnEmbeddedCluster(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	r := run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=embedded:memory", "BETTER_COMPUTE_LOG_LEVEL=warn"}, "migrate", "--dev")
+	r := clitest.Run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=embedded:memory", "BETTER_COMPUTE_LOG_LEVEL=warn"}, "migrate", "--dev")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Equal(t, builtinNames(t), appliedIn(r.Stdout))
 }
@@ -235,7 +227,7 @@ func TestErrorsNeverShowThePassword(t *testing.T) {
 		"postgres://bob:" + secret + "@127.0.0.1:notaport/db",
 	} {
 		for _, cmd := range []string{"migrate", "doctor"} {
-			r := run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=" + u, "BETTER_COMPUTE_LOG_LEVEL=debug"}, cmd)
+			r := clitest.Run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=" + u, "BETTER_COMPUTE_LOG_LEVEL=debug"}, cmd)
 			require.Equal(t, 1, r.Code)
 			require.NotContains(t, r.Stdout+r.Stderr, secret)
 			require.Regexp(t, `UNAVAILABLE|INVALID_CONFIG`, r.Stdout+r.Stderr)
@@ -258,13 +250,13 @@ func TestInterruptedMigrateRollsBack(t *testing.T) {
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := make(chan result, 1)
-	go func() { done <- run(t, runCtx, app, dbEnv(db), "migrate") }()
+	done := make(chan clitest.Result, 1)
+	go func() { done <- clitest.Run(t, runCtx, app, dbEnv(db), "migrate") }()
 	require.Eventually(t, func() bool {
 		return count(db, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'PgSleep'") > 0
 	}, 60*time.Second, 10*time.Millisecond)
 	cancel()
-	var r result
+	var r clitest.Result
 	select {
 	case r = <-done:
 	case <-time.After(30 * time.Second):
@@ -278,7 +270,7 @@ func TestInterruptedMigrateRollsBack(t *testing.T) {
 	require.Equal(t, sorted(builtinNames(t)), ledger(t, db), "the migrations before it stay applied")
 
 	db.MustExec(t, "DROP TABLE go_slow")
-	r = run(t, ctx, app, dbEnv(db), "migrate")
+	r = clitest.Run(t, ctx, app, dbEnv(db), "migrate")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Equal(t, []string{"slowapp/0001_slow"}, appliedIn(r.Stdout))
 }

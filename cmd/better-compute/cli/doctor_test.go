@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
@@ -24,7 +25,7 @@ var doctorChecks = []string{"connect", "postgres", "features", "btree_gist", "le
 	"snapshot", "shards", "leases", "running", "strays", "queues", "reconcilers"}
 
 // requireAllOK asserts that doctor passed: exit 0, and one OK line per check.
-func requireAllOK(t *testing.T, r result) {
+func requireAllOK(t *testing.T, r clitest.Result) {
 	t.Helper()
 	require.Equal(t, 0, r.Code, r.Stdout+r.Stderr)
 	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
@@ -37,7 +38,7 @@ func requireAllOK(t *testing.T, r result) {
 // requireErrLine asserts the CLI contract for a failed command: exit 1, stderr's
 // last line is one `CODE: message` line matching want, and no line of stderr is a
 // continuation (starts with white space).
-func requireErrLine(t *testing.T, r result, want string) {
+func requireErrLine(t *testing.T, r clitest.Result, want string) {
 	t.Helper()
 	require.Regexp(t, want, requireOneLineError(t, r, "", 1))
 	if out := strings.TrimSpace(r.Stdout); out != "" {
@@ -51,9 +52,9 @@ func TestDoctorAllOK(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{Empty: true})
-	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").Code)
+	require.Equal(t, 0, clitest.Run(t, ctx, cli.App{}, dbEnv(db), "migrate").Code)
 
-	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	r := clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor")
 	requireAllOK(t, r)
 	require.Regexp(t, `(?m)^OK\s+clock\s+mode system`, r.Stdout)
 }
@@ -71,8 +72,8 @@ func TestDoctorAsANonSuperuserOwner(t *testing.T) {
 	require.False(t, super)
 	require.False(t, readsStats)
 
-	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").Code)
-	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	require.Equal(t, 0, clitest.Run(t, ctx, cli.App{}, dbEnv(db), "migrate").Code)
+	r := clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor")
 	requireAllOK(t, r)
 	require.Regexp(t, `(?m)^OK\s+features\s+.*SKIP LOCKED`, r.Stdout)
 }
@@ -88,9 +89,9 @@ func TestDoctorAsANonSuperuserOwner(t *testing.T) {
 func TestDoctorNamesATransactionThatHoldsTheOutboxBack(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{Empty: true}) // as the superuser: sees every session
-	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").Code)
+	require.Equal(t, 0, clitest.Run(t, ctx, cli.App{}, dbEnv(db), "migrate").Code)
 	owned := pgtest.NewOwned(t) // sees only its own sessions
-	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(owned), "migrate").Code)
+	require.Equal(t, 0, clitest.Run(t, ctx, cli.App{}, dbEnv(owned), "migrate").Code)
 	other := pgtest.New(t, pgtest.Options{Empty: true})
 
 	cfg, err := pgx.ParseConfig(other.URL)
@@ -116,21 +117,21 @@ func TestDoctorNamesATransactionThatHoldsTheOutboxBack(t *testing.T) {
 			AND clock_timestamp() - xact_start > interval '300 milliseconds'`, pid)) == 1
 	}, 30*time.Second, 10*time.Millisecond, "open longer than --max-xact-age")
 
-	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor", "--max-xact-age", "200ms")
+	r := clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor", "--max-xact-age", "200ms")
 	require.Regexp(t, `(?m)^FAIL\s+snapshot\s+a write transaction open longer than 200ms holds back every outbox reader on this server: `+
 		`open \S+, database `+regexp.QuoteMeta(other.Name)+`, pid `+strconv.Itoa(pid)+`, user postgres, application "held_open", state idle in transaction; `+
 		`1 committed event of this database waits`, r.Stdout)
 	require.Contains(t, r.Stdout, fmt.Sprintf("pg_terminate_backend(%d)", pid))
 	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 13 checks failed: snapshot$`)
 
-	r = run(t, ctx, cli.App{}, dbEnv(owned), "doctor", "--max-xact-age", "200ms")
+	r = clitest.Run(t, ctx, cli.App{}, dbEnv(owned), "doctor", "--max-xact-age", "200ms")
 	require.Regexp(t, `(?m)^FAIL\s+snapshot\s+1 committed event of this database waits, `+
 		`held back by a transaction this role cannot see \(grant pg_read_all_stats to name it\)`, r.Stdout)
 	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 13 checks failed: snapshot$`)
 
 	require.NoError(t, tx.Rollback(ctx))
-	requireAllOK(t, run(t, ctx, cli.App{}, dbEnv(db), "doctor", "--max-xact-age", "200ms"))
-	requireAllOK(t, run(t, ctx, cli.App{}, dbEnv(owned), "doctor", "--max-xact-age", "200ms"))
+	requireAllOK(t, clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor", "--max-xact-age", "200ms"))
+	requireAllOK(t, clitest.Run(t, ctx, cli.App{}, dbEnv(owned), "doctor", "--max-xact-age", "200ms"))
 }
 
 // TestDoctorFindsStrayRunningJobs: a running job of a shard queue attempted by
@@ -155,7 +156,7 @@ func TestDoctorFindsStrayRunningJobs(t *testing.T) {
 	running(5, "ghost", time.Now())                     // a stray, but young
 	running(3, "ghost", time.Now().Add(-2*time.Minute)) // a stray, old, and nobody holds shard 3
 
-	r := run(t, ctx, cli.App{}, env, "doctor")
+	r := clitest.Run(t, ctx, cli.App{}, env, "doctor")
 	require.Regexp(t, `(?m)^FAIL\s+strays\s+running jobs not attempted by their shard's holder, for more than 40s: `+
 		`shard 3: 1 running job attempted by ghost, the oldest 2m\d+s ago \(none holds shard 3: start a worker for it\); `+
 		`the shard's holder hands them back within one renewal \(20s\)$`, r.Stdout)
@@ -164,12 +165,12 @@ func TestDoctorFindsStrayRunningJobs(t *testing.T) {
 	// Held by another client: its holder should have handed it back by now.
 	db.MustExec(t, `INSERT INTO compute_leases (name, owner, expires_at)
 		VALUES ($1, 'w2', compute_now() + interval '1 hour')`, workers.ShardLease(3))
-	r = run(t, ctx, cli.App{}, env, "doctor")
+	r = clitest.Run(t, ctx, cli.App{}, env, "doctor")
 	require.Regexp(t, `(?m)^FAIL\s+strays\s+.*shard 3: 1 running job attempted by ghost, .*\(held by w2, which has not handed them back`, r.Stdout)
 
 	// Held by the client that attempted it: not a stray. The young one is noted.
 	db.MustExec(t, `UPDATE compute_leases SET owner = 'ghost' WHERE name = $1`, workers.ShardLease(3))
-	r = run(t, ctx, cli.App{}, env, "doctor")
+	r = clitest.Run(t, ctx, cli.App{}, env, "doctor")
 	requireAllOK(t, r)
 	require.Regexp(t, `(?m)^OK\s+strays\s+1 running job attempted by a client that does not hold the shard, for less than 40s`, r.Stdout)
 }
@@ -195,7 +196,7 @@ func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
 		return nil
 	}))
 
-	r := run(t, ctx, app, dbEnv(db), "doctor")
+	r := clitest.Run(t, ctx, app, dbEnv(db), "doctor")
 	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+no registered reconciler handles the dirty keys of no_such_kind \(1 key\): `+
 		`a typo in jobs.Dirty, or a module missing from this binary \(registered: thing\)$`, r.Stdout)
 	// Nobody works the shards either: the keys' jobs wait.
@@ -203,7 +204,7 @@ func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
 	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 2 of 13 checks failed: leases, reconcilers$`)
 
 	// A binary without the module handles neither kind.
-	r = run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	r = clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor")
 	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+no registered reconciler handles the dirty keys of no_such_kind \(1 key\), thing \(2 keys\): `, r.Stdout)
 }
 
@@ -214,17 +215,17 @@ func TestDoctorSaysWhatFailedToConnect(t *testing.T) {
 	ctx := context.Background()
 	port := refusedPort(t)
 
-	r := run(t, ctx, cli.App{}, []string{fmt.Sprintf("BETTER_COMPUTE_DATABASE_URL=postgres://bob@127.0.0.1:%d/db?connect_timeout=5", port)}, "doctor")
+	r := clitest.Run(t, ctx, cli.App{}, []string{fmt.Sprintf("BETTER_COMPUTE_DATABASE_URL=postgres://bob@127.0.0.1:%d/db?connect_timeout=5", port)}, "doctor")
 	require.Regexp(t, `^FAIL connect\s+\S`, r.Stdout)
 	requireErrLine(t, r, `^UNAVAILABLE: doctor: connect failed: .*127\.0\.0\.1`)
 
 	// A role the server does not know: the configuration is wrong.
 	db := pgtest.New(t, pgtest.Options{Empty: true})
-	r = run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=" + pgtest.WithUser(db.URL, "no_such_role", "")}, "doctor")
+	r = clitest.Run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=" + pgtest.WithUser(db.URL, "no_such_role", "")}, "doctor")
 	requireErrLine(t, r, `^INVALID_CONFIG: doctor: connect failed: .*no_such_role`)
 
 	// A bad threshold is a usage error.
-	r = run(t, ctx, cli.App{}, dbEnv(db), "doctor", "--max-xact-age", "0s")
+	r = clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor", "--max-xact-age", "0s")
 	requireErrLine(t, r, `^INVALID_ARGUMENT: doctor: --max-xact-age must be positive`)
 }
 
@@ -232,10 +233,10 @@ func TestDoctorFailsOnATamperedLedger(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{Empty: true})
-	require.Equal(t, 0, run(t, ctx, cli.App{}, dbEnv(db), "migrate").Code)
+	require.Equal(t, 0, clitest.Run(t, ctx, cli.App{}, dbEnv(db), "migrate").Code)
 	db.MustExec(t, "INSERT INTO compute_migrations (name, applied_at) VALUES ('core/9999_future', compute_now())")
 
-	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	r := clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor")
 	require.NotEqual(t, 0, r.Code)
 	require.Regexp(t, `(?m)^FAIL\s+ledger\s+.*core/9999_future`, r.Stdout)
 	require.Regexp(t, `(?m)^OK\s+connect`, r.Stdout, "the other checks still run")
@@ -243,7 +244,7 @@ func TestDoctorFailsOnATamperedLedger(t *testing.T) {
 
 	// migrate refuses it too, and applies nothing.
 	before := ledger(t, db)
-	r = run(t, ctx, cli.App{}, dbEnv(db), "migrate")
+	r = clitest.Run(t, ctx, cli.App{}, dbEnv(db), "migrate")
 	require.Equal(t, 1, r.Code)
 	require.Contains(t, r.Stderr, "INVALID_CONFIG")
 	require.Contains(t, r.Stderr, "core/9999_future")
@@ -254,7 +255,7 @@ func TestDoctorFailsOnAMissingExtension(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{Empty: true})
-	r := run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	r := clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor")
 	require.NotEqual(t, 0, r.Code)
 	require.Regexp(t, `(?m)^FAIL\s+btree_gist\s`, r.Stdout)
 	require.Regexp(t, `(?m)^FAIL\s+ledger\s+.*pending`, r.Stdout)

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 )
 
@@ -22,7 +23,7 @@ var errorLine = regexp.MustCompile(`^(INVALID_CONFIG|INVALID_ARGUMENT|NOT_FOUND|
 // stderr line CODE: message (with code, unless it is ""), and nothing else on
 // stderr but log records (JSON lines): no continuation lines of a multi-line
 // error. It returns the last line.
-func requireOneLineError(t *testing.T, r result, code string, exit int) string {
+func requireOneLineError(t *testing.T, r clitest.Result, code string, exit int) string {
 	t.Helper()
 	require.Equal(t, exit, r.Code)
 	lines := strings.Split(strings.TrimRight(r.Stderr, "\n"), "\n")
@@ -85,7 +86,7 @@ func TestEveryErrorIsOneLine(t *testing.T) {
 		{"unknown verb", env(db.URL), []string{"sinks", "frobnicate"}, "INVALID_ARGUMENT", 1, "frobnicate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := run(t, ctx, cli.App{}, tc.env, tc.args...)
+			r := clitest.Run(t, ctx, cli.App{}, tc.env, tc.args...)
 			last := requireOneLineError(t, r, tc.code, tc.exit)
 			require.Contains(t, last, tc.says)
 			require.NotContains(t, r.Stdout+r.Stderr, secret)

@@ -12,61 +12,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox/outboxtest"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 )
-
-// appendEvent appends one event in its own transaction.
-func appendEvent(t testing.TB, db pg.DBTX, topic, key string, payload any) {
-	t.Helper()
-	ctx := context.Background()
-	require.NoError(t, pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
-		return outbox.Append(ctx, tx, outbox.Message{Topic: topic, Key: key, Payload: payload})
-	}))
-}
-
-// readEvents reads after c until it has n events. Every test database shares
-// one cluster, and the read rule waits for every older transaction of the
-// cluster, so a committed event may take a moment to become readable.
-func readEvents(t testing.TB, db pg.DBTX, c outbox.Cursor, n int) ([]outbox.Event, outbox.Cursor) {
-	t.Helper()
-	var out []outbox.Event
-	deadline := time.Now().Add(20 * time.Second)
-	for len(out) < n {
-		evs, next, _, err := outbox.Read(context.Background(), db, outbox.ReadOptions{After: c, Limit: 3})
-		require.NoError(t, err)
-		out = append(out, evs...)
-		c = next
-		if time.Now().After(deadline) {
-			t.Fatalf("read %d events, want %d", len(out), n)
-		}
-		if len(evs) == 0 {
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	require.Len(t, out, n)
-	return out, c
-}
-
-// appendEventIDs appends n events of topic t, one transaction each, keyed
-// key0, key1 …, and returns their ids once they are readable.
-func appendEventIDs(t testing.TB, db pg.DBTX, after outbox.Cursor, key string, n int) []outbox.Cursor {
-	t.Helper()
-	for i := 0; i < n; i++ {
-		appendEvent(t, db, "t", key+string(rune('0'+i)), i)
-	}
-	evs, _ := readEvents(t, db, after, n)
-	ids := make([]outbox.Cursor, n)
-	for i, e := range evs {
-		ids[i] = e.ID
-	}
-	return ids
-}
 
 // pruneEvents prunes until want events are deleted in all (the read rule may
 // hold rows of just-ended transactions back for a moment), and fails if more
@@ -306,7 +259,7 @@ func TestEventStreamOverHTTP(t *testing.T) {
 		"BETTER_COMPUTE_AUTH_USER=" + user, "BETTER_COMPUTE_AUTH_PASSWORD=" + pass,
 		"BETTER_COMPUTE_LOG_LEVEL=warn", "BETTER_COMPUTE_READ_ONLY=true",
 	})
-	add := func(topic, key string) { appendEvent(t, db.Pool, topic, key, map[string]string{"key": key}) }
+	add := func(topic, key string) { outboxtest.Append(t, db.Pool, topic, key, map[string]string{"key": key}) }
 	for _, k := range []string{"a", "b", "c"} {
 		add("orders", k)
 		add("noise", k)
@@ -355,9 +308,9 @@ func TestEventsResumesFromLastEventIDExactlyOnce(t *testing.T) {
 	db := pgtest.New(t)
 	h := newTestEventsHandler(t, db.Pool, eventsOptions{poll: 10 * time.Millisecond, heartbeat: 25 * time.Millisecond, batch: 4})
 	for i := 0; i < 5; i++ {
-		appendEvent(t, db.Pool, "orders", "o"+string(rune('0'+i)), map[string]int{"n": i})
+		outboxtest.Append(t, db.Pool, "orders", "o"+string(rune('0'+i)), map[string]int{"n": i})
 	}
-	appendEvent(t, db.Pool, "other", "x", nil)
+	outboxtest.Append(t, db.Pool, "other", "x", nil)
 
 	recs, disconnect := sseClient(t, h, "topics=orders&from=start", "")
 	var last string
@@ -372,18 +325,18 @@ func TestEventsResumesFromLastEventIDExactlyOnce(t *testing.T) {
 
 	// More events arrive while the client is away, in several transactions.
 	for i := 5; i < 9; i++ {
-		appendEvent(t, db.Pool, "orders", "o"+string(rune('0'+i)), map[string]int{"n": i})
-		appendEvent(t, db.Pool, "other", "x", nil)
+		outboxtest.Append(t, db.Pool, "orders", "o"+string(rune('0'+i)), map[string]int{"n": i})
+		outboxtest.Append(t, db.Pool, "other", "x", nil)
 	}
 	recs, disconnect = sseClient(t, h, "topics=orders", last)
 	defer disconnect()
-	appendEvent(t, db.Pool, "orders", "sentinel", nil)
+	outboxtest.Append(t, db.Pool, "orders", "sentinel", nil)
 	got = append(got, sseKeysUntil(t, recs, "sentinel")...)
 	require.Equal(t, []string{"o0", "o1", "o2", "o3", "o4", "o5", "o6", "o7", "o8", "sentinel"}, got, "every event once, in order")
 
 	// Heartbeats keep an idle stream alive, and carry the id past rows of other
 	// topics, so a resuming client need not scan them again.
-	appendEvent(t, db.Pool, "other", "y", nil)
+	outboxtest.Append(t, db.Pool, "other", "y", nil)
 	var y string
 	require.NoError(t, db.QueryRow(context.Background(), `SELECT txid::text || ':' || seq FROM compute_events WHERE key = 'y'`).Scan(&y))
 	timeout := time.After(20 * time.Second)
@@ -402,8 +355,8 @@ func TestEventsStartAtTheEndAndRejectBadIDs(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	h := newTestEventsHandler(t, db.Pool, eventsOptions{poll: 10 * time.Millisecond})
-	appendEvent(t, db.Pool, "t", "old", nil)
-	readEvents(t, db.Pool, outbox.Cursor{}, 1)
+	outboxtest.Append(t, db.Pool, "t", "old", nil)
+	outboxtest.ReadN(t, db.Pool, outbox.Cursor{}, 1)
 
 	// Without a position the stream starts at the end, and says where (an
 	// id-only record), so a reconnect before any event loses nothing.
@@ -412,7 +365,7 @@ func TestEventsStartAtTheEndAndRejectBadIDs(t *testing.T) {
 	require.NotEmpty(t, first.ID)
 	require.Empty(t, first.Data)
 	disconnect()
-	appendEvent(t, db.Pool, "t", "new", nil)
+	outboxtest.Append(t, db.Pool, "t", "new", nil)
 	recs, disconnect = sseClient(t, h, "", first.ID)
 	defer disconnect()
 	var last string
@@ -440,12 +393,12 @@ func TestEventsResumeBehindTheHorizonIsReset(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	h := newTestEventsHandler(t, db.Pool, eventsOptions{poll: 10 * time.Millisecond, batch: 2})
-	ids := appendEventIDs(t, db.Pool, outbox.Cursor{}, "e", 6)
+	ids := outboxtest.AppendIDs(t, db.Pool, outbox.Cursor{}, "e", 6)
 	require.NoError(t, outbox.EnsureSink(ctx, db.Pool, "keep", outbox.After(ids[2])))
 	n, err := outbox.Prune(ctx, db.Pool, outbox.PruneOptions{})
 	require.NoError(t, err)
 	require.Equal(t, 3, n)
-	appendEvent(t, db.Pool, "t", "sentinel", nil)
+	outboxtest.Append(t, db.Pool, "t", "sentinel", nil)
 	hz, earliest := ids[2].String(), ids[3].String()
 	rest := []string{"e3", "e4", "e5", "sentinel"}
 
@@ -489,18 +442,18 @@ func TestEventsIdleStreamBehindTheHorizonIsResetAtHeartbeat(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	h := newTestEventsHandler(t, db.Pool, eventsOptions{poll: time.Hour, heartbeat: time.Hour})
-	appendEvent(t, db.Pool, "t", "first", nil)
-	_, first := readEvents(t, db.Pool, outbox.Cursor{}, 1)
+	outboxtest.Append(t, db.Pool, "t", "first", nil)
+	_, first := outboxtest.ReadN(t, db.Pool, outbox.Cursor{}, 1)
 
 	// ?heartbeat=1: a heartbeat every second. The stream's one read returns
 	// "first"; its next is an hour away.
 	recs, disconnect := sseClient(t, h, "from=start&heartbeat=1", "")
 	var last string
 	require.Contains(t, nextSSEEvent(t, recs, &last).Data, `"key":"first"`)
-	ids := appendEventIDs(t, db.Pool, first, "e", 3)
+	ids := outboxtest.AppendIDs(t, db.Pool, first, "e", 3)
 	pruneEvents(t, db.Pool, 4) // no sink: first, e0, e1, e2
-	appendEvent(t, db.Pool, "t", "new", nil)
-	evs, _ := readEvents(t, db.Pool, ids[2], 1)
+	outboxtest.Append(t, db.Pool, "t", "new", nil)
+	evs, _ := outboxtest.ReadN(t, db.Pool, ids[2], 1)
 	deadline := time.After(20 * time.Second)
 	for reset := false; !reset; {
 		select {
@@ -577,7 +530,7 @@ func TestEventsStreamOvertakenByRetentionIsReset(t *testing.T) {
 	w.gate.Lock()
 	start, err := outbox.ParseCursor(opening.ID)
 	require.NoError(t, err)
-	ids := appendEventIDs(t, db.Pool, start, "e", 5)
+	ids := outboxtest.AppendIDs(t, db.Pool, start, "e", 5)
 	select {
 	case <-w.waiting:
 	case <-time.After(20 * time.Second):

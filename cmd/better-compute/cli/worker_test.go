@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
@@ -45,13 +46,13 @@ func TestWorkerBadShards(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	r := run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=postgres://nobody@127.0.0.1:1/none"}, "worker", "--shards", "0-x")
+	r := clitest.Run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=postgres://nobody@127.0.0.1:1/none"}, "worker", "--shards", "0-x")
 	require.Equal(t, 1, r.Code)
 	require.Contains(t, r.Stderr, "INVALID_CONFIG")
 	require.Contains(t, r.Stderr, `--shards "0-x"`)
 
 	db := pgtest.New(t)
-	r = run(t, ctx, cli.App{}, dbEnv(db), "worker", "--no-migrate", "--shards", "3,16")
+	r = clitest.Run(t, ctx, cli.App{}, dbEnv(db), "worker", "--no-migrate", "--shards", "3,16")
 	require.Equal(t, 1, r.Code)
 	require.Contains(t, r.Stderr, "INVALID_CONFIG")
 	require.Contains(t, r.Stderr, "16 shards (0-15)")
@@ -63,9 +64,9 @@ func TestWorkerRunsAndStops(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan result, 1)
+	done := make(chan clitest.Result, 1)
 	go func() {
-		done <- run(t, ctx, cli.App{}, append(dbEnv(db), "BETTER_COMPUTE_LEASE_RENEW=200ms", "BETTER_COMPUTE_LEASE_TTL=1s"),
+		done <- clitest.Run(t, ctx, cli.App{}, append(dbEnv(db), "BETTER_COMPUTE_LEASE_RENEW=200ms", "BETTER_COMPUTE_LEASE_TTL=1s"),
 			"worker", "--shards", "0-3")
 	}()
 	deadline := time.Now().Add(30 * time.Second)
@@ -89,7 +90,7 @@ func TestMigrateValidatesModulesFirst(t *testing.T) {
 	bad := cli.App{Modules: []cli.Module{{Name: "bad", Register: func(r *workers.Registry) error {
 		return r.Reconciler(workers.Reconciler{Kind: "broken"})
 	}}}}
-	r := run(t, context.Background(), bad, dbEnv(db), "migrate")
+	r := clitest.Run(t, context.Background(), bad, dbEnv(db), "migrate")
 	require.Equal(t, 1, r.Code)
 	require.Contains(t, r.Stderr, "INVALID_CONFIG")
 	require.Contains(t, r.Stderr, "broken")

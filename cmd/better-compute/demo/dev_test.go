@@ -19,14 +19,6 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-type result = clitest.Result
-
-// run runs one command line of app in-process against env (KEY=VALUE).
-func run(t *testing.T, ctx context.Context, app cli.App, env []string, args ...string) result {
-	t.Helper()
-	return clitest.Run(t, ctx, app, env, args...)
-}
-
 // TestDevRunsTheDemoApplication: dev of the better-compute binary (the demo
 // application) migrates the demos' tables and runs their Dev loops: the
 // counters are reconciled and the demo backfill runs under its own job kind.
@@ -39,8 +31,8 @@ func TestDevRunsTheDemoApplication(t *testing.T) {
 		"BETTER_COMPUTE_LISTEN=127.0.0.1:0", "BETTER_COMPUTE_POLL_INTERVAL=20ms"}
 	app := cli.App{Modules: Modules()}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan result, 1)
-	go func() { done <- run(t, ctx, app, env, "dev") }()
+	done := make(chan clitest.Result, 1)
+	go func() { done <- clitest.Run(t, ctx, app, env, "dev") }()
 	workertest.WaitFor(t, 60*time.Second, "the demo backfill's batches and reconciled counters", func() bool {
 		var batches, reconciled int
 		err := db.QueryRow(context.Background(), `SELECT
@@ -53,10 +45,10 @@ func TestDevRunsTheDemoApplication(t *testing.T) {
 	require.Equal(t, backfill.Running, p.State)
 	require.Greater(t, p.RowsDone, int64(0))
 
-	r := run(t, context.Background(), app, env, "backfill", "status", DemoBackfill)
+	r := clitest.Run(t, context.Background(), app, env, "backfill", "status", DemoBackfill)
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Regexp(t, `(?m)^state:\s+running`, r.Stdout)
-	r = run(t, context.Background(), cli.App{}, env, "backfill", "status", DemoBackfill)
+	r = clitest.Run(t, context.Background(), cli.App{}, env, "backfill", "status", DemoBackfill)
 	require.Equal(t, 1, r.Code, "an application without the demos does not know it")
 	require.Contains(t, r.Stderr, "NOT_FOUND: unknown backfill")
 	cancel()
@@ -72,8 +64,8 @@ func TestDevRunsTheDemoApplication(t *testing.T) {
 	require.NoError(t, pg.InTx(context.Background(), db.Pool, nil, func(tx pgx.Tx) error {
 		return jobs.Dirty(context.Background(), tx, DemoReconciler, "counter-999", nil)
 	}))
-	r = run(t, context.Background(), app, env, "doctor")
+	r = clitest.Run(t, context.Background(), app, env, "doctor")
 	require.NotRegexp(t, `(?m)^FAIL\s+reconcilers\s`, r.Stdout)
-	r = run(t, context.Background(), cli.App{}, env, "doctor")
+	r = clitest.Run(t, context.Background(), cli.App{}, env, "doctor")
 	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+.*`+DemoReconciler+` \(\d+ keys?\)`, r.Stdout)
 }
