@@ -11,7 +11,7 @@ import (
 // compute_now(), refunding its quota: the capacity module's fenced hold-expiry
 // job. domain/capacity.ReserveTx enqueues it in the reservation's transaction,
 // scheduled for the hold's expiry, in the shard queue of the pool; the worker
-// (workers/capacity) snoozes it while the hold is not yet due (an extended hold,
+// (workers/capacityworker) snoozes it while the hold is not yet due (an extended hold,
 // or a sim clock behind real time) and completes it as a no-op once the
 // reservation is no longer a hold.
 //

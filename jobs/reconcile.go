@@ -16,7 +16,7 @@ import (
 )
 
 // Reconcile is the River job that reconciles one key of a reconciler kind. It is
-// inserted by Dirty, never directly.
+// inserted by DirtyTx, never directly.
 type Reconcile struct {
 	Reconciler string `json:"reconciler"` // the reconciler kind
 	Key        string `json:"key"`
@@ -63,7 +63,7 @@ func ValidateKind(kind string) error {
 	return nil
 }
 
-// MaxKeyLen is the longest key Dirty accepts.
+// MaxKeyLen is the longest key DirtyTx accepts.
 const MaxKeyLen = 512
 
 // KeyHash is the stable hash that maps a key to its shard: FNV-1a, 32 bits.
@@ -92,17 +92,17 @@ const MaintenanceQueue = "better_compute"
 // short delay up to 5 s late.
 const ScheduledAfter = 5 * time.Second
 
-// DirtyOpts are Dirty's options.
+// DirtyOpts are DirtyTx's options.
 type DirtyOpts struct {
 	// Delay: the key is not reconciled before compute_now() + Delay. If the key is
 	// already waiting, the earlier of the two times wins.
 	Delay time.Duration
 }
 
-// Dirty marks key of reconciler kind as needing a reconcile, in tx: see the package
+// DirtyTx marks key of reconciler kind as needing a reconcile, in tx: see the package
 // doc. If tx rolls back, so does the mark. It returns INVALID_ARGUMENT for a kind
 // that is not [a-z][a-z0-9_]{0,62} or a key that is empty or longer than MaxKeyLen.
-func Dirty(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) error {
+func DirtyTx(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) error {
 	if err := ValidateKind(kind); err != nil {
 		return err
 	}
@@ -156,14 +156,14 @@ func Dirty(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) er
 		return nil
 	default:
 		// No live job (cancelled, discarded or deleted by an operator): start a new one.
-		return Requeue(ctx, tx, kind, key)
+		return RequeueTx(ctx, tx, kind, key)
 	}
 }
 
-// Requeue inserts a new River job for a key that has a dirty row, scheduled at
+// RequeueTx inserts a new River job for a key that has a dirty row, scheduled at
 // the row's not_before, and records it on the row. Reconcile workers use it when a
 // run ends with the key dirtied again.
-func Requeue(ctx context.Context, tx pgx.Tx, kind, key string) error {
+func RequeueTx(ctx context.Context, tx pgx.Tx, kind, key string) error {
 	args, err := json.Marshal(Reconcile{Reconciler: kind, Key: key})
 	if err != nil {
 		return err

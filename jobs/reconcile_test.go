@@ -24,7 +24,7 @@ func TestDirtyRefusesBadInputWithInvalidArgument(t *testing.T) {
 		{"item", ""},
 		{"item", strings.Repeat("k", jobs.MaxKeyLen+1)},
 	} {
-		err := jobs.Dirty(ctx, nil, tc.kind, tc.key, nil)
+		err := jobs.DirtyTx(ctx, nil, tc.kind, tc.key, nil)
 		require.Equal(t, fault.InvalidArgument, fault.CodeOf(err), "kind %q, key of %d bytes: %v", tc.kind, len(tc.key), err)
 	}
 }

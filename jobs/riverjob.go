@@ -30,7 +30,7 @@ import (
 // list.
 const liveStatesSQL = `('available', 'pending', 'running', 'scheduled', 'retryable')`
 
-// --- Dirty and Requeue (jobs/reconcile.go) ---
+// --- DirtyTx and RequeueTx (jobs/reconcile.go) ---
 
 // dirtySQL upserts the key's row and, when the key has no row yet, inserts its
 // River job in the same statement (the job id is drawn from River's sequence
@@ -61,13 +61,13 @@ SELECT d.inserted, d.job_id, d.earlier,
        CASE WHEN d.inserted THEN 'available' ELSE (SELECT r.state::text FROM river_job r WHERE r.id = d.job_id) END
 FROM d`, ReconcileKind, river.MaxAttemptsDefault, river.PriorityDefault, ShardQueuePrefix, ScheduledAfter.Seconds())
 
-// jobStateSQL reads a job's state as text: $1 id. Dirty reads it again when
+// jobStateSQL reads a job's state as text: $1 id. DirtyTx reads it again when
 // dirtySQL's snapshot could not see the job.
 const jobStateSQL = `SELECT state::text FROM river_job WHERE id = $1`
 
 // moveEarlierSQL moves a waiting job earlier (never a running one): $1 id, $2
 // its new scheduled_at, $3 whether it is due sooner than ScheduledAfter (it
-// becomes available). The earlier not-before of Dirty wins.
+// becomes available). The earlier not-before of DirtyTx wins.
 const moveEarlierSQL = `
 UPDATE river_job SET scheduled_at = LEAST(scheduled_at, $2),
        state = CASE WHEN $3 THEN 'available'::river_job_state ELSE state END
@@ -96,7 +96,7 @@ UPDATE compute_dirty c SET job_id = j.id FROM j WHERE c.kind = $1 AND c.key = $2
 
 // FenceJobSQL locks the job's own row with this attempt: $1 id, $2 attempt. No row
 // means the attempt is stale (the job was handed back, rescued or cancelled).
-// workers.Fence queues it in one batch with the lease's fence.
+// workers.FenceTx queues it in one batch with the lease's fence.
 const FenceJobSQL = `SELECT 1 FROM river_job WHERE id = $1 AND attempt = $2 AND state = 'running' FOR UPDATE`
 
 // anotherAttemptRunningSQL: see AnotherAttemptRunning.
@@ -393,7 +393,7 @@ func InsertBackfillTx(ctx context.Context, tx pgx.Tx, args Backfill, queue strin
 	return id, err
 }
 
-// --- Outbox (domain/outbox, workers/outbox) ---
+// --- Outbox (domain/outbox, workers/outboxworker) ---
 
 // DueSinksSQL returns the name and last recorded job of the sinks among $1
 // that are not paused, have a visible event after their cursor, and have no
@@ -446,7 +446,7 @@ func OutboxDispatchWaitingTx(ctx context.Context, tx pgx.Tx, dispatcher string) 
 	return waiting, err
 }
 
-// --- Capacity (workers/capacity) ---
+// --- Capacity (workers/capacityworker) ---
 
 // OverdueHoldsSQL finds the holds whose expiry job is gone: $1 grace (s), $2
 // limit. It returns (pool_id, id) of each hold overdue by more than the grace,

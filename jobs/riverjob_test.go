@@ -85,7 +85,7 @@ func TestEveryStatementIsChecked(t *testing.T) {
 
 // TestRiverJobSchema fails when River's schema changes under our statements:
 // every column they name, with the type they assume; every state they use;
-// the sequence Dirty draws job ids from.
+// the sequence DirtyTx draws job ids from.
 func TestRiverJobSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -126,7 +126,7 @@ FROM pg_attribute a WHERE a.attrelid = 'river_job'::regclass AND a.attnum > 0 AN
 WHERE enumtypid = 'river_job_state'::regtype`).Scan(&labels))
 	require.Subset(t, labels, []string{"available", "cancelled", "completed", "pending", "retryable", "running", "scheduled"})
 
-	// Dirty draws the id of its job from the sequence of River's id column.
+	// DirtyTx draws the id of its job from the sequence of River's id column.
 	var seq *string
 	require.NoError(t, db.QueryRow(ctx, `SELECT pg_get_serial_sequence('river_job', 'id')`).Scan(&seq))
 	require.NotNil(t, seq, "river_job.id has no sequence")
@@ -179,7 +179,7 @@ func TestRiverDefaults(t *testing.T) {
 	}
 	inTx := func(t *testing.T, fn func(tx pgx.Tx) error) {
 		t.Helper()
-		require.NoError(t, pg.InTx(ctx, db.Pool, nil, fn))
+		require.NoError(t, pg.InTx(ctx, db.Pool, func(_ context.Context, tx pgx.Tx) error { return fn(tx) }))
 	}
 
 	var riverID int64
@@ -195,13 +195,13 @@ func TestRiverDefaults(t *testing.T) {
 	require.Equal(t, river.PriorityDefault, byRiver.Priority)
 	require.Equal(t, river.QueueDefault, byRiver.Queue)
 
-	// Dirty: now (available) and later than ScheduledAfter (scheduled), each in
+	// DirtyTx: now (available) and later than ScheduledAfter (scheduled), each in
 	// its key's shard queue.
 	inTx(t, func(tx pgx.Tx) error {
-		if err := Dirty(ctx, tx, "item", "now", nil); err != nil {
+		if err := DirtyTx(ctx, tx, "item", "now", nil); err != nil {
 			return err
 		}
-		return Dirty(ctx, tx, "item", "later", &DirtyOpts{Delay: ScheduledAfter + time.Minute})
+		return DirtyTx(ctx, tx, "item", "later", &DirtyOpts{Delay: ScheduledAfter + time.Minute})
 	})
 	for key, state := range map[string]string{"now": "available", "later": "scheduled"} {
 		j := read(t, `kind = $1 AND args->>'key' = $2`, ReconcileKind, key)
@@ -212,9 +212,9 @@ func TestRiverDefaults(t *testing.T) {
 		require.Equal(t, []string{"item"}, j.Tags, key)
 	}
 
-	// Requeue, once the job of "now" is gone.
+	// RequeueTx, once the job of "now" is gone.
 	db.MustExec(t, `DELETE FROM river_job WHERE kind = $1 AND args->>'key' = 'now'`, ReconcileKind)
-	inTx(t, func(tx pgx.Tx) error { return Requeue(ctx, tx, "item", "now") })
+	inTx(t, func(tx pgx.Tx) error { return RequeueTx(ctx, tx, "item", "now") })
 	j := read(t, `kind = $1 AND args->>'key' = 'now'`, ReconcileKind)
 	require.Equal(t, []any{byRiver.MaxAttempts, byRiver.Priority, ShardQueue(ShardOf("now", pgtest.DefaultShardCount)), "available"},
 		[]any{j.MaxAttempts, j.Priority, j.Queue, j.State})
@@ -245,7 +245,7 @@ func TestRiverJobFunctions(t *testing.T) {
 	queue := ShardQueue(ShardOf("k", pgtest.DefaultShardCount))
 	inTx := func(t *testing.T, fn func(tx pgx.Tx) error) {
 		t.Helper()
-		require.NoError(t, pg.InTx(ctx, db.Pool, nil, fn))
+		require.NoError(t, pg.InTx(ctx, db.Pool, func(_ context.Context, tx pgx.Tx) error { return fn(tx) }))
 	}
 	// run marks job id running, attempted by owner at.
 	run := func(t *testing.T, id int64, owner string, at time.Duration) {
@@ -255,7 +255,7 @@ attempted_at = clock_timestamp() - make_interval(secs => $2), attempted_by = arr
 			id, at.Seconds(), owner)
 	}
 
-	inTx(t, func(tx pgx.Tx) error { return Dirty(ctx, tx, "item", "k", nil) })
+	inTx(t, func(tx pgx.Tx) error { return DirtyTx(ctx, tx, "item", "k", nil) })
 	waiting, err := CountWaitingInShardQueues(ctx, db)
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{queue: 1}, waiting)
@@ -348,7 +348,7 @@ attempted_at = clock_timestamp() - make_interval(secs => $2), attempted_by = arr
 }
 
 // TestShardOf: a key's shard is FNV-1a(key) mod the count, and its queue
-// shard_<n>, as the package doc promises (TestRiverDefaults checks that Dirty's
+// shard_<n>, as the package doc promises (TestRiverDefaults checks that DirtyTx's
 // SQL agrees).
 func TestShardOf(t *testing.T) {
 	t.Parallel()

@@ -37,7 +37,7 @@ func (noopWorker) Work(context.Context, *river.Job[noopArgs]) error { return nil
 const benchJobs = 5000
 
 // BenchmarkThroughput runs, in one process on one database: raw River (a no-op
-// worker, InsertMany) jobs/s; our fenced reconcile path (Dirty, fence, a one-row
+// worker, InsertMany) jobs/s; our fenced reconcile path (DirtyTx, fence, a one-row
 // domain write, complete) reconciles/s; and pgbench -N TPS on the same server as
 // the machine's commit-rate limit. It reports the ratios and this process's RSS
 // idle and under load.
@@ -115,7 +115,7 @@ func write(b *testing.B, db *pgtest.DB, enqueue func(tx pgx.Tx, j int, key strin
 		go func() {
 			for j := w; j < benchJobs; j += writers {
 				key := "k" + strconv.Itoa(j+1)
-				err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+				err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 					if _, err := tx.Exec(ctx, `UPDATE bench_items SET n = n + 1 WHERE key = $1`, key); err != nil {
 						return err
 					}
@@ -174,9 +174,9 @@ func benchFenced(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
 	// Mark every key dirty first (100 keys per transaction), then start the
 	// workers and time the drain.
 	for i := 0; i < benchJobs; i += 100 {
-		require.NoError(b, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		require.NoError(b, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 			for j := i; j < i+100 && j < benchJobs; j++ {
-				if err := jobs.Dirty(ctx, tx, "bench", "k"+strconv.Itoa(j+1), nil); err != nil {
+				if err := jobs.DirtyTx(ctx, tx, "bench", "k"+strconv.Itoa(j+1), nil); err != nil {
 					return err
 				}
 			}
@@ -195,7 +195,7 @@ func benchFenced(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
 }
 
 // benchEndToEnd times the whole path with the workers running: 8 writers each
-// commit one change-and-Dirty per transaction (the application's side), and the
+// commit one change-and-DirtyTx per transaction (the application's side), and the
 // clock stops when every key is reconciled.
 func benchEndToEnd(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
 	ctx := context.Background()
@@ -208,7 +208,7 @@ func benchEndToEnd(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
 	rt := workertest.Start(b, db.Pool, reg, &workers.Options{WorkersPerShard: 4, PollInterval: 100 * time.Millisecond})
 	start := time.Now()
 	write(b, db, func(tx pgx.Tx, _ int, key string) error {
-		return jobs.Dirty(ctx, tx, "bench_e2e", key, nil)
+		return jobs.DirtyTx(ctx, tx, "bench_e2e", key, nil)
 	})
 	workertest.WaitFor(b, 5*time.Minute, "reconciles done", func() bool {
 		peakRSS = max(peakRSS, float64(rssKB()))
@@ -235,7 +235,7 @@ func rssKB() int64 {
 	return 0
 }
 
-// BenchmarkDirtyVsInsertTx: the cost of Dirty inside a caller's transaction
+// BenchmarkDirtyVsInsertTx: the cost of DirtyTx inside a caller's transaction
 // against a plain River InsertTx, each in its own transaction.
 //
 //	go test -run '^$' -bench DirtyVsInsertTx ./workers/
@@ -248,7 +248,7 @@ func BenchmarkDirtyVsInsertTx(b *testing.B) {
 	b.Run("InsertTx", func(b *testing.B) {
 		start := time.Now()
 		for i := 0; i < b.N; i++ {
-			require.NoError(b, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+			require.NoError(b, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 				_, err := client.InsertTx(ctx, tx, noopArgs{N: i}, &river.InsertOpts{Queue: "shard_0"})
 				return err
 			}))
@@ -258,8 +258,8 @@ func BenchmarkDirtyVsInsertTx(b *testing.B) {
 	b.Run("Dirty", func(b *testing.B) {
 		start := time.Now()
 		for i := 0; i < b.N; i++ {
-			require.NoError(b, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
-				return jobs.Dirty(ctx, tx, "bench", fmt.Sprintf("key-%d", i), nil)
+			require.NoError(b, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+				return jobs.DirtyTx(ctx, tx, "bench", fmt.Sprintf("key-%d", i), nil)
 			}))
 		}
 		dirtyNs = float64(time.Since(start).Nanoseconds()) / float64(b.N)
@@ -269,8 +269,8 @@ func BenchmarkDirtyVsInsertTx(b *testing.B) {
 	})
 	b.Run("DirtyCoalesced", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
-			require.NoError(b, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
-				return jobs.Dirty(ctx, tx, "bench", "hot-key", nil)
+			require.NoError(b, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+				return jobs.DirtyTx(ctx, tx, "bench", "hot-key", nil)
 			}))
 		}
 	})

@@ -74,7 +74,7 @@ func runChaos(t *testing.T, db *pgtest.DB, url string, procs, rounds int) chaosR
 		return db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE name LIKE 'shard/%' AND expires_at > compute_now()`) == 16
 	})
 
-	// A steady writer: changes spread over 200 keys, each with its Dirty. It
+	// A steady writer: changes spread over 200 keys, each with its DirtyTx. It
 	// stops at cleanup too, so a failed test does not leave it running.
 	var stop atomic.Bool
 	var changes atomic.Int64
@@ -175,13 +175,13 @@ func runChaos(t *testing.T, db *pgtest.DB, url string, procs, rounds int) chaosR
 // exampleChange is change, returning its error (for a writer goroutine).
 func exampleChange(db *pgtest.DB, id string, qty int64) error {
 	ctx := context.Background()
-	return pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	return pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO example_items (id, qty) VALUES ($1, $2)
 			ON CONFLICT (id) DO UPDATE SET qty = EXCLUDED.qty, version = example_items.version + 1`, id, qty)
 		if err != nil {
 			return err
 		}
-		return jobs.Dirty(ctx, tx, "example_item", id, nil)
+		return jobs.DirtyTx(ctx, tx, "example_item", id, nil)
 	})
 }
 

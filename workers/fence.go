@@ -53,8 +53,8 @@ func InTxLease[T river.JobArgs](ctx context.Context, job *river.Job[T], l lease.
 	if rt == nil {
 		return fault.New(fault.Internal, "workers.InTxLease: no Runtime in the job's context")
 	}
-	err := inTxRetrying(ctx, rt, job.JobRow, l, func(tx pgx.Tx) error {
-		if err := Fence(ctx, tx, l, job.JobRow); err != nil {
+	err := inTxRetrying(ctx, rt, job.JobRow, l, func(ctx context.Context, tx pgx.Tx) error {
+		if err := FenceTx(ctx, tx, l, job.JobRow); err != nil {
 			return err
 		}
 		if err := fn(ctx, tx); err != nil {
@@ -83,10 +83,10 @@ func InTxLease[T river.JobArgs](ctx context.Context, job *river.Job[T], l lease.
 // so (FENCED, the job already done). Returning the error to River instead would
 // leave the job running until River's completer, which cannot write either,
 // gives up and retries: seconds after the database is back.
-func inTxRetrying(ctx context.Context, rt *Runtime, job *rivertype.JobRow, l lease.Lease, fn func(tx pgx.Tx) error) error {
+func inTxRetrying(ctx context.Context, rt *Runtime, job *rivertype.JobRow, l lease.Lease, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	wait := 50 * time.Millisecond
 	for tries := 1; ; tries++ {
-		err := pg.InTx(ctx, rt.pool, nil, fn)
+		err := pg.InTx(ctx, rt.pool, fn)
 		if err == nil || !pg.Disconnected(err) || ctx.Err() != nil {
 			return err
 		}
@@ -111,7 +111,7 @@ func inTxRetrying(ctx context.Context, rt *Runtime, job *rivertype.JobRow, l lea
 // Fence runs both fences as the first statements of tx, in one round trip: the
 // lease l FOR KEY SHARE, and job's row with its attempt FOR UPDATE. It returns FENCED
 // when either finds nothing.
-func Fence(ctx context.Context, tx pgx.Tx, l lease.Lease, job *rivertype.JobRow) error {
+func FenceTx(ctx context.Context, tx pgx.Tx, l lease.Lease, job *rivertype.JobRow) error {
 	b := &pgx.Batch{}
 	b.Queue(lease.FenceSQL, l.Name, l.Owner, l.Epoch)
 	b.Queue(jobs.FenceJobSQL, job.ID, job.Attempt)

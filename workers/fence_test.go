@@ -63,7 +63,7 @@ func (w *staleWorker) Work(ctx context.Context, job *river.Job[staleArgs]) error
 	} else {
 		// River alone: write and complete in a plain transaction.
 		rt := workers.RuntimeFrom(ctx)
-		err = pg.InTx(ctx, rt.Pool(), nil, func(tx pgx.Tx) error {
+		err = pg.InTx(ctx, rt.Pool(), func(ctx context.Context, tx pgx.Tx) error {
 			if err := write(ctx, tx); err != nil {
 				return err
 			}
@@ -89,7 +89,7 @@ func runStale(t *testing.T, db *pgtest.DB, fenced bool) (err1, err2 error) {
 	workertest.Start(t, db.Pool, reg, nil)
 
 	var jobID int64
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		res, err := jobs.InsertTx(ctx, tx, staleArgs{Fenced: fenced}, &river.InsertOpts{Queue: jobs.ShardQueue(3)})
 		if err == nil {
 			jobID = res.Job.ID
@@ -153,7 +153,7 @@ func TestLostLeaseIsFenced(t *testing.T) {
 	// While a's fenced transaction is open, b's takeover (after expiry) waits.
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
-	require.NoError(t, lease.Fence(ctx, tx, a))
+	require.NoError(t, lease.FenceTx(ctx, tx, a))
 	time.Sleep(250 * time.Millisecond) // a's lease expires
 	took := make(chan lease.Lease, 1)
 	go func() {
@@ -176,8 +176,8 @@ func TestLostLeaseIsFenced(t *testing.T) {
 	require.EqualValues(t, 2, b.Epoch, "the epoch goes up when the owner changes")
 
 	// After the takeover, a's fence finds nothing: FENCED, and nothing is written.
-	err = pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
-		if err := lease.Fence(ctx, tx, a); err != nil {
+	err = pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		if err := lease.FenceTx(ctx, tx, a); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO fenced_writes VALUES ('a-after')`)
@@ -268,7 +268,7 @@ func TestFencedTxRetriesALostConnection(t *testing.T) {
 	workers.AddWorker(reg, w)
 	workertest.Start(t, db.Pool, reg, &workers.Options{Shards: []int{0}})
 	var id int64
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		res, err := jobs.InsertTx(ctx, tx, dropArgs{Drops: 2}, &river.InsertOpts{Queue: jobs.ShardQueue(0)})
 		id = res.Job.ID
 		return err

@@ -20,7 +20,7 @@ import (
 // TestBehindPgBouncer runs the whole path through a real PgBouncer in transaction
 // mode: concurrent migrations (advisory xact lock), the statement timeout (SET
 // LOCAL, not left on a server connection), a worker (River poll-only, leases),
-// Dirty and a fenced reconcile, and a fenced job.
+// DirtyTx and a fenced reconcile, and a fenced job.
 func TestBehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -45,7 +45,7 @@ func TestBehindPgBouncer(t *testing.T) {
 	require.NoError(t, err)
 
 	// The statement timeout fires inside a transaction and is gone after it.
-	err = pg.InTx(ctx, via, nil, func(tx pgx.Tx) error {
+	err = pg.InTx(ctx, via, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `SELECT pg_sleep(3)`)
 		return err
 	})
@@ -69,14 +69,14 @@ func TestBehindPgBouncer(t *testing.T) {
 
 	for i := 0; i < 20; i++ {
 		key := string(rune('a' + i))
-		require.NoError(t, pg.InTx(ctx, via, nil, func(tx pgx.Tx) error {
+		require.NoError(t, pg.InTx(ctx, via, func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `INSERT INTO things (key, n) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET n = $2`, key, i); err != nil {
 				return err
 			}
-			return jobs.Dirty(ctx, tx, "thing", key, nil)
+			return jobs.DirtyTx(ctx, tx, "thing", key, nil)
 		}))
 	}
-	require.NoError(t, pg.InTx(ctx, via, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, via, func(ctx context.Context, tx pgx.Tx) error {
 		q, err := jobs.ShardQueueOfTx(ctx, tx, "a")
 		if err != nil {
 			return err

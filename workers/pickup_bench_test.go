@@ -350,7 +350,7 @@ func produceUntil(ctx context.Context, db *pg.Pool, queue string, mk func(ns int
 		at := time.Now()
 		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), perInsert)
 		var id int64
-		err := pg.InTx(ictx, db, nil, func(tx pgx.Tx) error {
+		err := pg.InTx(ictx, db, func(ctx context.Context, tx pgx.Tx) error {
 			res, err := jobs.InsertTx(ictx, tx, mk(at.UnixNano()), &river.InsertOpts{Queue: queue})
 			if err == nil {
 				id = res.Job.ID

@@ -118,7 +118,7 @@ func claim(ctx context.Context, rt *Runtime, queue, kind string, n int) ([]claim
 		return nil, nil
 	}
 	var out []claimed
-	err := pg.InTx(ctx, rt.pool, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, rt.pool, func(ctx context.Context, tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, jobs.ClaimReconcileSQL, queue, time.Now(), kind, n, l.Name, l.Owner, l.Epoch)
 		if err != nil {
 			return err
@@ -179,8 +179,8 @@ func (w *reconcileWorker) workClaimed(ctx context.Context, rt *Runtime, queue st
 		return fault.New(fault.Fenced, "this process holds no lease for queue %s", queue)
 	}
 	var b batchRun
-	err := pg.InTx(ctx, rt.pool, nil, func(tx pgx.Tx) error {
-		if err := lease.Fence(ctx, tx, l); err != nil {
+	err := pg.InTx(ctx, rt.pool, func(ctx context.Context, tx pgx.Tx) error {
+		if err := lease.FenceTx(ctx, tx, l); err != nil {
 			return err
 		}
 		return b.run(ctx, tx, rec, "", more)
@@ -303,7 +303,7 @@ type finished struct {
 // finishAll ends the reconciles of done in their transaction, after every
 // reconcile's own writes: a dirty row goes only if its gen is the one the run
 // read; a key dirtied during the run gets a follow-up job at its not_before; a
-// requested rerun is a Dirty with that delay. One statement for all, in key order.
+// requested rerun is a DirtyTx with that delay. One statement for all, in key order.
 func finishAll(ctx context.Context, tx pgx.Tx, kind string, done []finished) error {
 	if len(done) == 0 {
 		return nil
@@ -329,13 +329,13 @@ SELECT f.key FROM unnest($2::text[]) AS f(key) WHERE f.key NOT IN (SELECT key FR
 		return fmt.Errorf("error clearing the dirty rows of %s: %w", kind, err)
 	}
 	for _, key := range moved { // dirtied again during the run
-		if err := jobs.Requeue(ctx, tx, kind, key); err != nil {
+		if err := jobs.RequeueTx(ctx, tx, kind, key); err != nil {
 			return err
 		}
 	}
 	for _, f := range done {
 		if f.res.RequeueAfter > 0 {
-			if err := jobs.Dirty(ctx, tx, kind, f.key, &jobs.DirtyOpts{Delay: f.res.RequeueAfter}); err != nil {
+			if err := jobs.DirtyTx(ctx, tx, kind, f.key, &jobs.DirtyOpts{Delay: f.res.RequeueAfter}); err != nil {
 				return err
 			}
 		}
@@ -368,9 +368,9 @@ func (w *resyncWorker) Work(ctx context.Context, job *river.Job[jobs.Resync]) er
 		if len(keys) == 0 {
 			break
 		}
-		err = pg.InTx(ctx, rt.pool, nil, func(tx pgx.Tx) error {
+		err = pg.InTx(ctx, rt.pool, func(ctx context.Context, tx pgx.Tx) error {
 			for _, k := range keys {
-				if err := jobs.Dirty(ctx, tx, rec.Kind, k, nil); err != nil {
+				if err := jobs.DirtyTx(ctx, tx, rec.Kind, k, nil); err != nil {
 					return err
 				}
 			}

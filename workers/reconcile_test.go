@@ -22,8 +22,8 @@ import (
 
 func dirty(t *testing.T, db *pgtest.DB, kind, key string, delay time.Duration) {
 	t.Helper()
-	require.NoError(t, pg.InTx(context.Background(), db.Pool, nil, func(tx pgx.Tx) error {
-		return jobs.Dirty(context.Background(), tx, kind, key, &jobs.DirtyOpts{Delay: delay})
+	require.NoError(t, pg.InTx(context.Background(), db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		return jobs.DirtyTx(context.Background(), tx, kind, key, &jobs.DirtyOpts{Delay: delay})
 	}))
 }
 
@@ -114,12 +114,12 @@ func TestNoLostWakeupAndNoOverlap(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < changes; i++ {
 				key := fmt.Sprintf("k%02d", rand.IntN(keys))
-				err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+				err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 					if _, err := tx.Exec(ctx, `INSERT INTO things (key, version) VALUES ($1, 1)
 						ON CONFLICT (key) DO UPDATE SET version = things.version + 1`, key); err != nil {
 						return err
 					}
-					return jobs.Dirty(ctx, tx, "thing", key, nil)
+					return jobs.DirtyTx(ctx, tx, "thing", key, nil)
 				})
 				if err != nil {
 					t.Error(err)
@@ -255,9 +255,9 @@ func TestBatchReconcilesInOneTransaction(t *testing.T) {
 			_, err := tx.Exec(ctx, `INSERT INTO done (key) VALUES ($1)`, key)
 			return workers.Result{}, err
 		}}))
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		for i := 0; i < 40; i++ {
-			if err := jobs.Dirty(ctx, tx, "thing", fmt.Sprintf("k%02d", i), nil); err != nil {
+			if err := jobs.DirtyTx(ctx, tx, "thing", fmt.Sprintf("k%02d", i), nil); err != nil {
 				return err
 			}
 		}

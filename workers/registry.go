@@ -14,7 +14,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
 
-// Reconciler reconciles keys of one kind: see jobs.Dirty for how keys are marked.
+// Reconciler reconciles keys of one kind: see jobs.DirtyTx for how keys are marked.
 type Reconciler struct {
 	// Kind names the reconciler: [a-z][a-z0-9_]{0,62}.
 	Kind string

@@ -32,7 +32,7 @@ func (exampleTask) Kind() string { return "example_task" }
 
 // insertTask enqueues an example task in its shard's queue, as the application does.
 func insertTask(ctx context.Context, db *pgtest.DB, id string) error {
-	return pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	return pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		queue, err := jobs.ShardQueueOfTx(ctx, tx, id)
 		if err != nil {
 			return err

@@ -56,7 +56,7 @@ func TestSmokeFencedWorkerAndReconcile(t *testing.T) {
 	}))
 	workertest.Start(t, db.Pool, reg, nil)
 
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		q, err := jobs.ShardQueueOfTx(ctx, tx, "a")
 		if err != nil {
 			return err
@@ -67,11 +67,11 @@ func TestSmokeFencedWorkerAndReconcile(t *testing.T) {
 	workertest.WaitFor(t, 10*time.Second, "bump", func() bool {
 		return db.MustCount(t, `SELECT n FROM test_items WHERE key = 'a'`) == 1
 	})
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE test_items SET n = 5 WHERE key = 'b'`); err != nil {
 			return err
 		}
-		return jobs.Dirty(ctx, tx, "item", "b", nil)
+		return jobs.DirtyTx(ctx, tx, "item", "b", nil)
 	}))
 	workertest.WaitFor(t, 10*time.Second, "reconcile", func() bool {
 		return db.MustCount(t, `SELECT seen FROM test_items WHERE key = 'b'`) == 5

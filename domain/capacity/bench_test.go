@@ -67,7 +67,7 @@ func benchReserve(b *testing.B, db *pgtest.DB, tps float64) {
 			tenant := fmt.Sprintf("t%02d", c)
 			var live []int64
 			release := func(id int64) {
-				err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+				err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 					_, err := capacity.ReleaseTx(ctx, tx, &capacity.ReleaseParams{ReservationID: id})
 					return err
 				})
@@ -80,7 +80,7 @@ func benchReserve(b *testing.B, db *pgtest.DB, tps float64) {
 				until := from.Add(time.Duration(1+rng.IntN(2)) * time.Hour)
 				tries.Add(1)
 				var r *capacity.Reservation
-				err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+				err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 					var err error
 					r, err = capacity.ReserveTx(ctx, tx, &capacity.ReserveParams{PoolID: "p", Tenant: tenant, Devices: 1,
 						Start: from, End: until, TTL: time.Hour})

@@ -199,7 +199,7 @@ func TestQuota(t *testing.T) {
 	require.NoError(t, err)
 
 	// Over quota: CONFLICT, and the caller's transaction is untouched and usable.
-	err = pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	err = pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := capacity.ReserveTx(ctx, tx, &capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 1, Start: start, End: end, TTL: time.Minute})
 		require.True(t, fault.Has(err, fault.Conflict), "over quota: %v", err)
 		_, err = tx.Exec(ctx, `SELECT 1`)
@@ -229,7 +229,7 @@ func TestOnlyActiveNodesTakeBookings(t *testing.T) {
 	makePool(t, db, poolSpec{ID: "p", Nodes: 2, PerNode: 2, Tenants: map[string]int{"acme": 10}})
 	start, end := hours(0, 1)
 	setState := func(node string, s capacity.NodeState) {
-		require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 			return capacity.SetNodeStateTx(ctx, tx, &capacity.SetNodeStateParams{NodeID: node, State: s})
 		}))
 	}
@@ -290,7 +290,7 @@ func TestDrainRacesReservations(t *testing.T) {
 	// The drain holds the node's devices when it counts: every booking committed
 	// before it is counted, and none may commit after it.
 	var atDrain int
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		if err := capacity.SetNodeStateTx(ctx, tx, &capacity.SetNodeStateParams{NodeID: "p-n0", State: capacity.NodeDraining}); err != nil {
 			return err
 		}
@@ -391,7 +391,7 @@ func TestExtendIntoAnotherBooking(t *testing.T) {
 	require.NoError(t, err)
 	_, err = reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 1, Start: t0.Add(2 * time.Hour), End: t0.Add(3 * time.Hour), TTL: time.Minute})
 	require.NoError(t, err)
-	err = pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	err = pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := capacity.ExtendTx(ctx, tx, &capacity.ExtendParams{ReservationID: a.ID, Version: a.Version, End: t0.Add(150 * time.Minute)})
 		require.True(t, fault.Has(err, fault.Conflict), "overlapping extension: %v", err)
 		_, err = tx.Exec(ctx, `SELECT 1`) // the transaction is still usable

@@ -9,7 +9,7 @@
 // error leaves the transaction as it was), the others a pg.DBTX (one statement).
 // Reservations enqueue their expiry job in the same transaction.
 //
-//	err := pg.InTx(ctx, pool, nil, func(tx pgx.Tx) error {
+//	err := pg.InTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
 //		r, err := capacity.ReserveTx(ctx, tx, &capacity.ReserveParams{
 //			PoolID: "gpu-eu", Tenant: "acme", Devices: 2, Linked: true,
 //			Start: from, End: from.Add(4 * time.Hour), TTL: 10 * time.Minute,
@@ -89,7 +89,7 @@
 //	                                                                      (quota refunded)
 //
 // A lapsed hold cannot be confirmed or extended, but keeps its devices until the
-// expiry job (workers/capacity) releases it, seconds later; its owner may
+// expiry job (workers/capacityworker) releases it, seconds later; its owner may
 // release it first. The job is scheduled for the hold's expiry in real time and
 // checks compute_now(), snoozing while the hold is not due, so holds expire under
 // the sim clock too.

@@ -20,7 +20,7 @@ func ExampleReserveTx() {
 	start := time.Now().Add(time.Hour).Truncate(time.Hour)
 
 	var r *capacity.Reservation
-	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		r, err = capacity.ReserveTx(ctx, tx, &capacity.ReserveParams{
 			PoolID: "gpu-eu", Tenant: "acme", Devices: 2, Linked: true,
@@ -32,7 +32,7 @@ func ExampleReserveTx() {
 		fmt.Println("no room:", err) // quota exhausted, or too few free devices
 		return
 	}
-	err = pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err = pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := capacity.ConfirmTx(ctx, tx, &capacity.ConfirmParams{ReservationID: r.ID})
 		return err // CONFLICT if the hold lapsed meanwhile
 	})
@@ -45,7 +45,7 @@ func ExampleExtendTx() {
 	ctx := context.Background()
 	var db *pg.Pool
 	var id int64
-	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		r, err := capacity.Get(ctx, tx, id)
 		if err != nil {
 			return err

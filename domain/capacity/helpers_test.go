@@ -43,7 +43,7 @@ func makePool(t testing.TB, db *pgtest.DB, spec poolSpec) {
 	var devs []string
 	for n := 0; n < spec.Nodes; n++ {
 		require.NoError(t, capacity.AddNode(ctx, db.Pool, &capacity.AddNodeParams{PoolID: spec.ID, NodeID: nodeName(spec.ID, n)}))
-		require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 			for d := 0; d < spec.PerNode; d++ {
 				devs = append(devs, deviceName(spec.ID, n, d))
 				if err := capacity.AddDeviceTx(ctx, tx, &capacity.AddDeviceParams{NodeID: nodeName(spec.ID, n), DeviceID: deviceName(spec.ID, n, d), Kind: "gpu"}); err != nil {
@@ -69,7 +69,7 @@ func makePool(t testing.TB, db *pgtest.DB, spec poolSpec) {
 func inTx[T any](t testing.TB, db pg.DBTX, fn func(tx pgx.Tx) (T, error)) (T, error) {
 	t.Helper()
 	var out T
-	err := pg.InTx(context.Background(), db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(context.Background(), db, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		out, err = fn(tx)
 		return err

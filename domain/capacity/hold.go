@@ -111,7 +111,7 @@ func ExtendTx(ctx context.Context, tx pgx.Tx, p *ExtendParams) (*Reservation, er
 		return nil, fault.New(fault.InvalidArgument, "extend: By must be positive, or End given")
 	}
 	var out *Reservation
-	err := pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 		r, err := Get(ctx, tx, p.ReservationID)
 		if err != nil {
 			return err

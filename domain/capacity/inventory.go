@@ -85,7 +85,7 @@ func AddDeviceTx(ctx context.Context, tx pgx.Tx, p *AddDeviceParams) error {
 	if p == nil || !validID(p.NodeID) || !validID(p.DeviceID) {
 		return fault.New(fault.InvalidArgument, "a device needs a node id and a device id of 1 to 200 bytes")
 	}
-	return pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
+	return pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 		var pool string
 		var state NodeState
 		err := tx.QueryRow(ctx, `SELECT pool_id, state FROM capacity_nodes WHERE id = $1 FOR SHARE`, p.NodeID).Scan(&pool, &state)
@@ -179,7 +179,7 @@ func SetNodeStateTx(ctx context.Context, tx pgx.Tx, p *SetNodeStateParams) error
 	if p == nil || !validID(p.NodeID) || !validNodeState(p.State) {
 		return fault.New(fault.InvalidArgument, "a node state change needs a node id and a state of active, draining or down")
 	}
-	return pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
+	return pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 		var pool string
 		var old NodeState
 		err := tx.QueryRow(ctx, `SELECT pool_id, state FROM capacity_nodes WHERE id = $1 FOR NO KEY UPDATE`, p.NodeID).Scan(&pool, &old)

@@ -76,7 +76,7 @@ func ReserveTx(ctx context.Context, tx pgx.Tx, p *ReserveParams) (*Reservation, 
 	// that nobody holds, the savepoint rolls back and the reservation is made
 	// again, device by device, waiting if it must.
 	var out *Reservation
-	err := pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 		r, err := reserve(ctx, tx, p, true)
 		out = r
 		return err
@@ -86,7 +86,7 @@ func ReserveTx(ctx context.Context, tx pgx.Tx, p *ReserveParams) (*Reservation, 
 		retries, err = 1, errSlowPath
 	}
 	if errors.Is(err, errSlowPath) {
-		err = pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
+		err = pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 			r, err := reserve(ctx, tx, p, false)
 			out = r
 			return err
@@ -327,7 +327,7 @@ RETURNING device_id, node_id, capacity_stripe(node_id)`
 // holding only lower-ordered devices of the group.
 func bookGroup(ctx context.Context, tx pgx.Tx, p *ReserveParams, resID int64, link string, wait bool) (got []booked, retries int, err error) {
 	if wait {
-		err = pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
+		err = pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 			after := ""
 			for len(got) < p.Devices {
 				cands, err := lockCandidates(ctx, tx, p, waitSQL, p.PoolID, p.Start, p.End, after, link, p.Devices-len(got))
@@ -348,7 +348,7 @@ func bookGroup(ctx context.Context, tx pgx.Tx, p *ReserveParams, resID int64, li
 		})
 	} else {
 		start := rand.Int32()
-		err = pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
+		err = pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 			for _, round := range []string{"from", "before"} {
 				q := spreadSQL(round)
 				cs, cid := int32(-1), ""
@@ -427,7 +427,7 @@ var errLost = errors.New("device lost")
 // the device was lost to another reservation: an exclusion violation (23P01),
 // which rolls back only the savepoint, or the guarded insert finding it taken.
 func bookDevice(ctx context.Context, tx pgx.Tx, p *ReserveParams, resID int64, device string) (bool, error) {
-	err := pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 		var dev, node string
 		err := tx.QueryRow(ctx, insertBookingSQL, resID, device, p.Start, p.End, p.Tenant).Scan(&dev, &node)
 		if errors.Is(err, pgx.ErrNoRows) {

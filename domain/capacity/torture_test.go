@@ -22,7 +22,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
-	capworkers "github.com/bettercompute/bettercompute/workers/capacity"
+	"github.com/bettercompute/bettercompute/workers/capacityworker"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
@@ -91,7 +91,7 @@ END $$`)
 	db.MustExec(t, `CREATE TRIGGER torture_log AFTER UPDATE ON capacity_reservations FOR EACH ROW EXECUTE FUNCTION torture_log()`)
 
 	reg := workers.NewRegistry()
-	require.NoError(t, capworkers.Register(reg, &capworkers.Options{SweepEvery: -1}))
+	require.NoError(t, capacityworker.Register(reg, &capacityworker.Options{SweepEvery: -1}))
 	// The pool's expiry jobs all go to its shard: serve only that one, so the
 	// worker does not poll fifteen idle queues.
 	rt := workertest.Start(t, db.Pool, reg, &workers.Options{Shards: []int{jobs.ShardOf("p", pgtest.DefaultShardCount)}})
@@ -138,7 +138,7 @@ END $$`)
 					state = capacity.NodeDraining
 				}
 				node := nodeName("p", rng.IntN(size.Nodes))
-				err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+				err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 					return capacity.SetNodeStateTx(ctx, tx, &capacity.SetNodeStateParams{NodeID: node, State: state})
 				})
 				stats.record("node_state", err, &deadlocks, t)

@@ -56,7 +56,7 @@ func TestRestartTakesLeasesOverAtOnce(t *testing.T) {
 	// The old incarnation is fenced exactly as after any takeover …
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
-	require.True(t, fault.Has(lease.Fence(ctx, tx, held), fault.Fenced))
+	require.True(t, fault.Has(lease.FenceTx(ctx, tx, held), fault.Fenced))
 	require.NoError(t, tx.Rollback(ctx))
 	// … renews nothing, and cannot take the lease back, nor any other.
 	renewed, err := lease.Renew(ctx, db.Pool, time.Minute, held)

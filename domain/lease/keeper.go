@@ -253,7 +253,7 @@ func (k *Keeper) takeWanted(ctx context.Context, toTake []string) (taken, others
 	if len(toTake) == 0 {
 		return nil, nil, false
 	}
-	err := pg.InTx(ctx, k.o.DB, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, k.o.DB, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", max(k.o.Renew.Milliseconds(), 1))); err != nil {
 			return err
 		}

@@ -144,7 +144,7 @@ func List(ctx context.Context, db pg.DBTX, prefix string) ([]Lease, error) {
 // waits for tx to end, while the holder's own renewal (which changes only
 // expires_at) does not. It returns FENCED when the row has another owner or
 // epoch, or has expired by compute_now().
-func Fence(ctx context.Context, tx pgx.Tx, l Lease) error {
+func FenceTx(ctx context.Context, tx pgx.Tx, l Lease) error {
 	var one int
 	err := tx.QueryRow(ctx, FenceSQL, l.Name, l.Owner, l.Epoch).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -20,7 +20,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // withLockTimeout runs fn in a transaction that gives up on any lock after d:
 // SQLSTATE 55P03 means fn would have waited.
 func withLockTimeout(ctx context.Context, db *pg.Pool, d time.Duration, fn func(tx pgx.Tx) error) error {
-	return pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	return pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(d.Milliseconds(), 10)); err != nil {
 			return err
 		}
@@ -41,7 +41,7 @@ func TestFenceHoldsTakeoverNotRenewal(t *testing.T) {
 	fenced, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer fenced.Rollback(ctx)
-	require.NoError(t, lease.Fence(ctx, fenced, a))
+	require.NoError(t, lease.FenceTx(ctx, fenced, a))
 
 	// The renewal does not wait for the holder's own fenced transaction.
 	require.NoError(t, withLockTimeout(ctx, db.Pool, time.Second, func(tx pgx.Tx) error {
@@ -64,7 +64,7 @@ func TestFenceHoldsTakeoverNotRenewal(t *testing.T) {
 	require.Equal(t, a.Epoch+1, b.Epoch)
 
 	// The old holding is fenced now, and cannot renew.
-	err = pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error { return lease.Fence(ctx, tx, a) })
+	err = pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error { return lease.FenceTx(ctx, tx, a) })
 	require.True(t, fault.Has(err, fault.Fenced), "got %v", err)
 	ls, err := lease.Renew(ctx, db.Pool, time.Minute, a)
 	require.NoError(t, err)

@@ -27,12 +27,12 @@ func BenchmarkAppend(b *testing.B) {
 	payload := map[string]any{"item": 42, "delta": 1, "note": "a typical small payload"}
 	tx := func(i int, withEvent bool) time.Duration {
 		start := time.Now()
-		err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `UPDATE bench_items SET n = n + 1 WHERE id = $1`, 1+i%100); err != nil {
 				return err
 			}
 			if withEvent {
-				return outbox.Append(ctx, tx, outbox.Message{Topic: "item.changed", Key: "item-42", Payload: payload})
+				return outbox.AppendTx(ctx, tx, outbox.Message{Topic: "item.changed", Key: "item-42", Payload: payload})
 			}
 			return nil
 		})

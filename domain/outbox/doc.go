@@ -1,7 +1,7 @@
 // Package outbox is the outbox's SQL: side effects written as rows in the state
 // change's own transaction and delivered after the commit, at least once. A
 // rollback writes nothing; a commit delivers even if the process dies right
-// after. It has two shapes (see workers/outbox for the workers that deliver).
+// after. It has two shapes (see workers/outboxworker for the workers that deliver).
 //
 // # The event log
 //

@@ -84,7 +84,7 @@ func TestPruneRecordsTheHorizon(t *testing.T) {
 	_, err = outbox.ResetSink(ctx, db.Pool, "keep", outbox.After(ids[3]))
 	require.NoError(t, err)
 	errBoom := errors.New("boom")
-	err = pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	err = pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		n, err := outbox.Prune(ctx, tx, outbox.PruneOptions{})
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
@@ -130,7 +130,7 @@ func TestPruneRecordsTheHorizon(t *testing.T) {
 	require.Equal(t, outbox.Horizon{Through: ids[7], Pruned: 8}, h)
 
 	// Prune's argument needs read committed.
-	err = pg.InTx(ctx, db.Pool, &pg.TxOptions{Isolation: pg.RepeatableRead}, func(tx pgx.Tx) error {
+	err = pg.InTxWith(ctx, db.Pool, pg.TxOptions{Isolation: pg.RepeatableRead}, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := outbox.Prune(ctx, tx, outbox.PruneOptions{})
 		return err
 	})
@@ -169,7 +169,7 @@ func TestResetSinkRefusesAPrunedPosition(t *testing.T) {
 	require.True(t, fault.Has(err, fault.NotFound), "%v", err)
 
 	// Inside the caller's transaction the refusal undoes only its savepoint.
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := outbox.ResetSink(ctx, tx, "s", outbox.After(ids[0]))
 		require.True(t, fault.Has(err, fault.InvalidArgument), "%v", err)
 		c, err := outbox.ResetSink(ctx, tx, "s", outbox.After(ids[3]))

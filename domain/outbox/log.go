@@ -83,16 +83,16 @@ SELECT t, k, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDIN
 // least once) and the SSE stream shows them. Events of one call get increasing
 // seq numbers in the order given. It costs one round trip.
 //
-//	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+//	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 //		if _, err := tx.Exec(ctx, `UPDATE items SET quantity = quantity + $2 WHERE id = $1`, id, delta); err != nil {
 //			return err
 //		}
-//		return outbox.Append(ctx, tx, outbox.Message{Topic: "item.changed", Key: id, Payload: change})
+//		return outbox.AppendTx(ctx, tx, outbox.Message{Topic: "item.changed", Key: id, Payload: change})
 //	})
 //
 // It returns INVALID_ARGUMENT for an empty or long topic, a long key, or a
 // payload that is not JSON.
-func Append(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
+func AppendTx(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	switch len(msgs) {
 	case 0:
 		return nil
@@ -362,7 +362,7 @@ func Prune(ctx context.Context, db pg.DBTX, o PruneOptions) (int, error) {
 		o.Keep = 0
 	}
 	var n int64
-	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		var iso string
 		if err := tx.QueryRow(ctx, pruneLockSQL).Scan(&iso); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {

@@ -44,16 +44,16 @@ func TestAppendWritesInTheCallersTransaction(t *testing.T) {
 
 	// A rolled-back transaction writes nothing.
 	errBoom := fault.New(fault.Conflict, "boom")
-	err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
-		require.NoError(t, outbox.Append(ctx, tx, outbox.Message{Topic: "t", Key: "rolled-back"}))
+	err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		require.NoError(t, outbox.AppendTx(ctx, tx, outbox.Message{Topic: "t", Key: "rolled-back"}))
 		return errBoom
 	})
 	require.ErrorIs(t, err, errBoom)
 	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM compute_events`))
 
 	// Several events of one call keep their order; payloads round-trip.
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
-		return outbox.Append(ctx, tx,
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		return outbox.AppendTx(ctx, tx,
 			outbox.Message{Topic: "t", Key: "a", Payload: map[string]int{"n": 1}},
 			outbox.Message{Topic: "u", Key: "b", Payload: []byte(`[1,2]`)},
 			outbox.Message{Topic: "t", Key: "c"})
@@ -81,7 +81,7 @@ func TestAppendWritesInTheCallersTransaction(t *testing.T) {
 
 	// Bad input is INVALID_ARGUMENT and writes nothing.
 	for _, m := range []outbox.Message{{Topic: ""}, {Topic: string(make([]byte, 201))}, {Topic: "t", Key: string(make([]byte, 513))}, {Topic: "t", Payload: func() {}}} {
-		err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error { return outbox.Append(ctx, tx, m) })
+		err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error { return outbox.AppendTx(ctx, tx, m) })
 		require.True(t, fault.Has(err, fault.InvalidArgument), "%v", err)
 	}
 	require.Equal(t, 4, db.MustCount(t, `SELECT count(*) FROM compute_events`))
@@ -157,7 +157,7 @@ func TestCommitOrderIsNotSeqOrder(t *testing.T) {
 		return tx
 	}
 	add := func(tx pgx.Tx, key string) {
-		require.NoError(t, outbox.Append(ctx, tx, outbox.Message{Topic: "t", Key: key}))
+		require.NoError(t, outbox.AppendTx(ctx, tx, outbox.Message{Topic: "t", Key: key}))
 	}
 
 	// Case 1: A appends first (lower txid, lower seq), B appends and commits,
@@ -284,7 +284,7 @@ func TestPruneDeletesOnlyRowsEveryCursorPassed(t *testing.T) {
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck
-	require.NoError(t, outbox.Append(ctx, tx, outbox.Message{Topic: "t", Key: "open"}))
+	require.NoError(t, outbox.AppendTx(ctx, tx, outbox.Message{Topic: "t", Key: "open"}))
 	deleted := 0
 	waitFor(t, "i and j pruned", func() bool {
 		n, err := outbox.Prune(ctx, db.Pool, outbox.PruneOptions{})

@@ -31,7 +31,7 @@ SELECT ('00000000-0000-0000-0000-' || lpad((g % 100)::text, 12, '0'))::uuid, 1 F
 	require.NoError(t, err)
 
 	var plan []string
-	require.ErrorIs(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.ErrorIs(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, claimSettings, "1000", "1000"); err != nil {
 			return err
 		}

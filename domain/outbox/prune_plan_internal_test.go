@@ -33,7 +33,7 @@ SELECT 't', compute_now() - interval '1 day' FROM generate_series(1, 20000)`)
 	}, 20*time.Second, 5*time.Millisecond)
 
 	var plan []string
-	require.ErrorIs(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.ErrorIs(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, pruneLockSQL); err != nil {
 			return err
 		}

@@ -203,7 +203,7 @@ SET cursor_txid = pg_snapshot_xmin(pg_current_snapshot()), cursor_seq = 0, reset
     failures = 0, last_error = NULL, last_error_at = NULL, updated_at = compute_now()
 WHERE name = $1 RETURNING cursor_txid::text, cursor_seq`, name).Scan(&txid, &seq)
 	case posCursor:
-		err = pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+		err = pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 			return resetSinkToCursor(ctx, tx, name, p.cursor, &txid, &seq)
 		})
 	default: // Start: the zero cursor, every retained event

@@ -65,14 +65,14 @@ func TestSinkState(t *testing.T) {
 	require.Equal(t, evs[0].ID, before.Cursor)
 	_, err = outbox.ResetSink(ctx, db.Pool, "from-end", outbox.After(evs[0].ID))
 	require.NoError(t, err)
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		moved, err := outbox.AdvanceSinkTx(ctx, tx, "from-end", before, last, 3)
 		require.False(t, moved)
 		return err
 	}))
 	now, err := outbox.SinkCursor(ctx, db.Pool, "from-end")
 	require.NoError(t, err)
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		moved, err := outbox.AdvanceSinkTx(ctx, tx, "from-end", now, last, 2)
 		require.True(t, moved)
 		return err

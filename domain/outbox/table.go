@@ -247,7 +247,7 @@ func ms(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(),
 // transaction). It returns an empty batch when no row is due.
 func (c *Compiled) Claim(ctx context.Context, db pg.DBTX) (*Batch, error) {
 	b := &Batch{Deadline: time.Now().Add(c.t.ClaimTimeout)}
-	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		var pb pgx.Batch
 		pb.Queue(claimSettings, ms(2*c.t.ClaimTimeout), ms(c.t.ClaimTimeout))
 		pb.Queue(`SELECT pg_advisory_xact_lock($1)`, c.lockKey)
@@ -316,7 +316,7 @@ func (c *Compiled) Finish(ctx context.Context, db pg.DBTX, b *Batch, o Outcome) 
 	for i, f := range o.Failed {
 		failSeqs[i], failErrs[i] = f.Seq, TruncateError(f.Err)
 	}
-	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		var pb pgx.Batch
 		pb.Queue(`SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $1, true)`, ms(c.t.ClaimTimeout))
 		pb.Queue(`SELECT pg_advisory_xact_lock($1)`, c.lockKey)

@@ -8,10 +8,10 @@
 // in the same transaction, enqueues its apply job (jobs.QuorumApply); the vote
 // that makes the quorum unreachable rejects it; at the deadline an open batch
 // expires (jobs.QuorumExpiry, scheduled by the proposal's transaction). The
-// application registers an applier per kind with workers/quorum; applying runs
+// application registers an applier per kind with workers/quorumworker; applying runs
 // in the fenced job transaction and marks the batch applied in it.
 //
-//	err := pg.InTx(ctx, pool, nil, func(tx pgx.Tx) error {
+//	err := pg.InTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
 //		b, err := quorum.ProposeTx(ctx, tx, &quorum.ProposeParams{
 //			Kind: "firewall_rules", Agent: "planner", Items: []any{rule1, rule2},
 //			Voters: []string{"alice", "bob", "carol"}, Quorum: 2, Deadline: deadline,

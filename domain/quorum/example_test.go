@@ -17,7 +17,7 @@ func ExampleVoteTx() {
 	ctx := context.Background()
 	var db *pg.Pool // the application's pool
 	var id int64
-	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		b, err := quorum.ProposeTx(ctx, tx, &quorum.ProposeParams{
 			Kind: "firewall_rules", Agent: "planner",
 			Items:  []any{map[string]any{"port": 22, "allow": false}, map[string]any{"port": 443, "allow": true}},
@@ -32,7 +32,7 @@ func ExampleVoteTx() {
 	if err != nil {
 		return
 	}
-	err = pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err = pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		res, err := quorum.VoteTx(ctx, tx, &quorum.VoteParams{BatchID: id, Voter: "alice", Approve: true, Reason: "looks right"})
 		if err != nil {
 			return err // INVALID_ARGUMENT: not a voter; CONFLICT: voted already, closed, or too late

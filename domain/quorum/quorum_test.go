@@ -19,7 +19,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
-	quorumworkers "github.com/bettercompute/bettercompute/workers/quorum"
+	"github.com/bettercompute/bettercompute/workers/quorumworker"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
@@ -38,7 +38,7 @@ func voters(n int) []string {
 func propose(t testing.TB, db pg.DBTX, p quorum.ProposeParams) *quorum.Batch {
 	t.Helper()
 	var b *quorum.Batch
-	require.NoError(t, pg.InTx(context.Background(), db, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(context.Background(), db, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		b, err = quorum.ProposeTx(context.Background(), tx, &p)
 		return err
@@ -48,7 +48,7 @@ func propose(t testing.TB, db pg.DBTX, p quorum.ProposeParams) *quorum.Batch {
 
 func vote(db pg.DBTX, batch int64, voter string, approve bool) (*quorum.VoteResult, error) {
 	var res *quorum.VoteResult
-	err := pg.InTx(context.Background(), db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(context.Background(), db, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		res, err = quorum.VoteTx(context.Background(), tx, &quorum.VoteParams{BatchID: batch, Voter: voter, Approve: approve})
 		return err
@@ -112,7 +112,7 @@ func TestRefusedVotesChangeNothing(t *testing.T) {
 
 	refused := func(voter string, batch int64, want fault.Code) {
 		t.Helper()
-		err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 			_, err := quorum.VoteTx(ctx, tx, &quorum.VoteParams{BatchID: batch, Voter: voter, Approve: false})
 			require.Equal(t, want, fault.CodeOf(err), "%s on %d: %v", voter, batch, err)
 			_, err = tx.Exec(ctx, `SELECT 1`)
@@ -134,14 +134,14 @@ func TestRefusedVotesChangeNothing(t *testing.T) {
 	require.NoError(t, err)
 	refused("bob", b.ID, fault.Conflict) // at the deadline, before the expiry job ran
 
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		res, err := quorum.ExpireTx(ctx, tx, b.ID)
 		require.NoError(t, err)
 		require.True(t, res.Expired)
 		return nil
 	}))
 	// Expired: refused, and now for the state.
-	err = pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	err = pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := quorum.VoteTx(ctx, tx, &quorum.VoteParams{BatchID: b.ID, Voter: "carol", Approve: true})
 		require.True(t, fault.Has(err, fault.Conflict), "%v", err)
 		return nil
@@ -157,7 +157,7 @@ func TestRefusedVotesChangeNothing(t *testing.T) {
 		{Kind: "k", Agent: "a", Voters: []string{"x"}, Quorum: 2, Deadline: t0.Add(time.Hour)},
 		{Kind: "k", Agent: "a", Voters: []string{"x"}, Quorum: 1, Deadline: t0}, // not after compute_now()
 	} {
-		err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 			_, err := quorum.ProposeTx(ctx, tx, &p)
 			return err
 		})
@@ -277,7 +277,7 @@ func TestVotesRaceTheDeadline(t *testing.T) {
 	db := pgtest.New(t, pgtest.Options{MaxConns: 60})
 	require.NoError(t, clock.UseSim(ctx, db.Pool, t0))
 	reg := workers.NewRegistry()
-	require.NoError(t, quorumworkers.Handle(reg, "k", func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error { return nil }))
+	require.NoError(t, quorumworker.Handle(reg, "k", func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error { return nil }))
 	workertest.Start(t, db.Pool, reg, nil)
 
 	const batches, n, q = 8, 16, 12

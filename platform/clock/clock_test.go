@@ -77,7 +77,7 @@ func TestSimClock(t *testing.T) {
 	// It is database-wide: other connections, transactions and column defaults
 	// that use compute_now() follow it.
 	db.MustExec(t, "CREATE TABLE ev (id int, at timestamptz NOT NULL DEFAULT compute_now())")
-	require.NoError(t, pg.InTx(ctx, db.Pool, &pg.TxOptions{Isolation: pg.RepeatableRead}, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTxWith(ctx, db.Pool, pg.TxOptions{Isolation: pg.RepeatableRead}, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, "INSERT INTO ev (id) VALUES (1)")
 		return err
 	}))
@@ -109,7 +109,7 @@ func TestSimClock(t *testing.T) {
 
 	// In system mode compute_now() is the transaction's start, like the server's
 	// own clock function: stable within a transaction.
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		var a, b time.Time
 		if err := tx.QueryRow(ctx, "SELECT compute_now()").Scan(&a); err != nil {
 			return err

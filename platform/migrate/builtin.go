@@ -103,7 +103,7 @@ func EnsureExtensions(ctx context.Context, db *pg.Pool) error {
 	if have {
 		return nil
 	}
-	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", LockKey1, LockKey2); err != nil {
 			return err
 		}

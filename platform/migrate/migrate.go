@@ -288,7 +288,7 @@ func (s *Set) Apply(ctx context.Context, db *pg.Pool, log Logger) (*Result, erro
 		}
 		t0 := time.Now()
 		applied := false
-		err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+		err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, $2)", LockKey1, LockKey2); err != nil {
 				return fmt.Errorf("error taking the migration lock: %w", err)
 			}
@@ -339,7 +339,7 @@ func (s *Set) Apply(ctx context.Context, db *pg.Pool, log Logger) (*Result, erro
 
 // bootstrap creates the ledger tables (once, under the migration lock).
 func bootstrap(ctx context.Context, db *pg.Pool) error {
-	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		var exists bool
 		if err := tx.QueryRow(ctx, `SELECT to_regclass('compute_schema_version') IS NOT NULL`).Scan(&exists); err != nil || exists {
 			return err

@@ -21,7 +21,7 @@ func BenchmarkTx(b *testing.B) {
 	db := pgtest.New(b, pgtest.Options{Empty: true, MaxConns: 1})
 
 	helper := func() {
-		err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 			var n int
 			return tx.QueryRow(ctx, "SELECT $1::int", 1).Scan(&n)
 		})

@@ -320,19 +320,32 @@ type TxOptions struct {
 	ReadOnly  bool
 }
 
-// InTx runs fn in a transaction and commits it when fn returns nil.
+// InTx runs fn in a transaction and commits it when fn returns nil: a read
+// committed transaction with the statement timeout, or, given a pgx.Tx, a
+// savepoint in it (so a failure inside rolls back only fn's work). It is
+// InTxWith with the default options.
 //
-// Given a *Pool (or a type that embeds one) it begins a transaction (read
-// committed unless opts say otherwise, with the statement timeout). Given a
-// pgx.Tx it opens a savepoint, so a failure inside rolls back only fn's work.
-// It rolls back when fn returns an error or panics (and re-panics). A COMMIT
-// that the server turned into a ROLLBACK, because a statement failed and fn
-// swallowed the error, returns INTERNAL_ERROR, never success.
-func InTx(ctx context.Context, db DBTX, opts *TxOptions, fn func(tx pgx.Tx) error) (err error) {
+// The naming rule, River's: a function that takes the caller's pgx.Tx ends in
+// Tx (jobs.DirtyTx, outbox.AppendTx); InTx opens the transaction itself and
+// hands it to fn, as workers.InTx does for a job's fenced transaction. Both
+// callbacks have the one shape func(ctx, tx) error.
+func InTx(ctx context.Context, db DBTX, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return InTxWith(ctx, db, TxOptions{}, fn)
+}
+
+// InTxWith is InTx with an isolation level or a read-only transaction.
+//
+// Given a *Pool (or a type that embeds one) it begins a transaction as opts say
+// (read committed by default, with the statement timeout). Given a pgx.Tx it
+// opens a savepoint and ignores opts. It rolls back when fn returns an error or
+// panics (and re-panics). A COMMIT that the server turned into a ROLLBACK,
+// because a statement failed and fn swallowed the error, returns
+// INTERNAL_ERROR, never success.
+func InTxWith(ctx context.Context, db DBTX, opts TxOptions, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
 	var tx pgx.Tx
 	switch d := db.(type) {
 	case txBeginner:
-		tx, err = d.beginWith(ctx, opts)
+		tx, err = d.beginWith(ctx, &opts)
 	default:
 		tx, err = db.Begin(ctx)
 		if err != nil {
@@ -350,7 +363,7 @@ func InTx(ctx context.Context, db DBTX, opts *TxOptions, fn func(tx pgx.Tx) erro
 		}
 	}()
 
-	if err := fn(tx); err != nil {
+	if err := fn(ctx, tx); err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return err
 	}

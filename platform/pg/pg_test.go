@@ -27,7 +27,7 @@ func TestCommitBecameRollbackIsInternalError(t *testing.T) {
 	db := pgtest.New(t, pgtest.Options{Empty: true})
 	db.MustExec(t, "CREATE TABLE t (id int PRIMARY KEY)")
 
-	err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (1)"); err != nil {
 			return err
 		}
@@ -47,12 +47,12 @@ func TestInTxCommitsAndRollsBack(t *testing.T) {
 	db := pgtest.New(t, pgtest.Options{Empty: true})
 	db.MustExec(t, "CREATE TABLE t (id int PRIMARY KEY)")
 
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, "INSERT INTO t VALUES (1)")
 		return err
 	}))
 	boom := errors.New("boom")
-	err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (2)"); err != nil {
 			return err
 		}
@@ -70,12 +70,12 @@ func TestNestedInTxIsASavepoint(t *testing.T) {
 	db.MustExec(t, "CREATE TABLE t (id int PRIMARY KEY)")
 
 	inner := errors.New("inner failed")
-	err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (1)"); err != nil {
 			return err
 		}
 		// A failed statement inside the savepoint: only the savepoint is aborted.
-		err := pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
+		err := pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (2)"); err != nil {
 				return err
 			}
@@ -84,7 +84,7 @@ func TestNestedInTxIsASavepoint(t *testing.T) {
 		})
 		require.Equal(t, "23505", pg.SQLState(err))
 		// An error returned by fn: the savepoint's work is rolled back.
-		err = pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
+		err = pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (3)"); err != nil {
 				return err
 			}
@@ -92,8 +92,8 @@ func TestNestedInTxIsASavepoint(t *testing.T) {
 		})
 		require.ErrorIs(t, err, inner)
 		// A nested success is kept, even two levels down.
-		return pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
-			return pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error {
+		return pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
+			return pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, "INSERT INTO t VALUES (4)")
 				return err
 			})
@@ -114,7 +114,7 @@ func TestPanicRollsBackAndRepanics(t *testing.T) {
 	db.MustExec(t, "CREATE TABLE t (id int PRIMARY KEY)")
 
 	require.PanicsWithValue(t, "kaboom", func() {
-		_ = pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		_ = pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (1)"); err != nil {
 				return err
 			}
@@ -133,11 +133,11 @@ func TestPanicRollsBackAndRepanics(t *testing.T) {
 	// A panic inside a savepoint rolls back the savepoint only if recovered above;
 	// unrecovered, the whole transaction goes.
 	require.Panics(t, func() {
-		_ = pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+		_ = pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (2)"); err != nil {
 				return err
 			}
-			return pg.InTx(ctx, tx, nil, func(tx pgx.Tx) error { panic("inner") })
+			return pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error { panic("inner") })
 		})
 	})
 	require.Equal(t, 0, db.MustCount(t, "SELECT count(*) FROM t"))
@@ -150,9 +150,9 @@ func TestTxOptions(t *testing.T) {
 	db := pgtest.New(t, pgtest.Options{Empty: true})
 	db.MustExec(t, "CREATE TABLE t (id int)")
 
-	iso := func(db pg.DBTX, opts *pg.TxOptions) (level string, readOnly string) {
+	iso := func(db pg.DBTX, opts pg.TxOptions) (level string, readOnly string) {
 		t.Helper()
-		require.NoError(t, pg.InTx(ctx, db, opts, func(tx pgx.Tx) error {
+		require.NoError(t, pg.InTxWith(ctx, db, opts, func(ctx context.Context, tx pgx.Tx) error {
 			return tx.QueryRow(ctx, "SELECT current_setting('transaction_isolation'), current_setting('transaction_read_only')").Scan(&level, &readOnly)
 		}))
 		return level, readOnly
@@ -160,18 +160,18 @@ func TestTxOptions(t *testing.T) {
 	// Both the *pg.Pool and a type embedding it (the test DB) honour the options.
 	for name, d := range map[string]pg.DBTX{"pool": db.Pool, "embedding": db} {
 		t.Run(name, func(t *testing.T) {
-			lvl, ro := iso(d, nil)
+			lvl, ro := iso(d, pg.TxOptions{})
 			require.Equal(t, "read committed", lvl)
 			require.Equal(t, "off", ro)
-			lvl, _ = iso(d, &pg.TxOptions{Isolation: pg.RepeatableRead})
+			lvl, _ = iso(d, pg.TxOptions{Isolation: pg.RepeatableRead})
 			require.Equal(t, "repeatable read", lvl)
-			lvl, _ = iso(d, &pg.TxOptions{Isolation: pg.Serializable})
+			lvl, _ = iso(d, pg.TxOptions{Isolation: pg.Serializable})
 			require.Equal(t, "serializable", lvl)
-			lvl, ro = iso(d, &pg.TxOptions{ReadOnly: true})
+			lvl, ro = iso(d, pg.TxOptions{ReadOnly: true})
 			require.Equal(t, "read committed", lvl)
 			require.Equal(t, "on", ro)
 
-			err := pg.InTx(ctx, d, &pg.TxOptions{ReadOnly: true}, func(tx pgx.Tx) error {
+			err := pg.InTxWith(ctx, d, pg.TxOptions{ReadOnly: true}, func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, "INSERT INTO t VALUES (1)")
 				return err
 			})
@@ -179,7 +179,7 @@ func TestTxOptions(t *testing.T) {
 
 			// The statement timeout is set with the options too.
 			var timeout string
-			require.NoError(t, pg.InTx(ctx, d, &pg.TxOptions{Isolation: pg.Serializable, ReadOnly: true}, func(tx pgx.Tx) error {
+			require.NoError(t, pg.InTxWith(ctx, d, pg.TxOptions{Isolation: pg.Serializable, ReadOnly: true}, func(ctx context.Context, tx pgx.Tx) error {
 				return tx.QueryRow(ctx, "SHOW statement_timeout").Scan(&timeout)
 			}))
 			require.Equal(t, "15s", timeout)
@@ -195,9 +195,9 @@ func TestApplicationNameIsSetLocal(t *testing.T) {
 	pool, err := pg.Open(ctx, pg.Options{URL: db.URL, MaxConns: 1, ApplicationName: "bc-o'test"})
 	require.NoError(t, err)
 	defer pool.Close()
-	for _, opts := range []*pg.TxOptions{nil, {Isolation: pg.RepeatableRead}, {ReadOnly: true}} {
+	for _, opts := range []pg.TxOptions{{}, {Isolation: pg.RepeatableRead}, {ReadOnly: true}} {
 		var name string
-		require.NoError(t, pg.InTx(ctx, pool, opts, func(tx pgx.Tx) error {
+		require.NoError(t, pg.InTxWith(ctx, pool, opts, func(ctx context.Context, tx pgx.Tx) error {
 			return tx.QueryRow(ctx, "SELECT current_setting('application_name')").Scan(&name)
 		}))
 		require.Equal(t, "bc-o'test", name, "options %+v", opts)
@@ -219,7 +219,7 @@ func TestStatementTimeoutFiresAndDoesNotOutliveTheTransaction(t *testing.T) {
 	require.NoError(t, db.QueryRow(ctx, "SELECT reset_val FROM pg_settings WHERE name = 'statement_timeout'").Scan(&serverDefault))
 
 	var inside string
-	err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, "SHOW statement_timeout").Scan(&inside); err != nil {
 			return err
 		}
@@ -236,7 +236,7 @@ func TestStatementTimeoutFiresAndDoesNotOutliveTheTransaction(t *testing.T) {
 	require.Equal(t, "0", after, "the timeout was SET LOCAL and must not stay on the connection")
 
 	// The same connection is still usable by the next transaction.
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, "SELECT pg_sleep(0.01)")
 		return err
 	}))
@@ -287,7 +287,7 @@ func TestCancelledContextEndsTheStatement(t *testing.T) {
 			defer cancel()
 			done := make(chan error, 1)
 			go func() {
-				done <- pg.InTx(runCtx, pool, nil, func(tx pgx.Tx) error {
+				done <- pg.InTx(runCtx, pool, func(ctx context.Context, tx pgx.Tx) error {
 					if _, err := tx.Exec(runCtx, "INSERT INTO t VALUES (1)"); err != nil {
 						return err
 					}
@@ -352,7 +352,7 @@ func TestSQLStateAndTranslate(t *testing.T) {
 		{"syntax", "SELEC 1", "42601", fault.Internal},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+			err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, c.sql)
 				return fmt.Errorf("wrapped: %w", err)
 			})
@@ -439,7 +439,7 @@ func TestTerminatedConnectionsAreReplaced(t *testing.T) {
 	newPIDs := make(chan uint32, 2*size)
 	for range 2 * size {
 		wg.Go(func() {
-			errs <- pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+			errs <- pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 				var pid uint32
 				if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 					return err
@@ -483,7 +483,7 @@ func TestServerRestart(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{Empty: true, MaxConns: 3})
 	var before uint32
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		return tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&before)
 	}))
 	_, err := db.Exec(ctx, "SELECT 1")
@@ -492,7 +492,7 @@ func TestServerRestart(t *testing.T) {
 	require.NoError(t, c.Restart(ctx, embedded.Options{Fast: true}))
 
 	var after uint32
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		return tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&after)
 	}))
 	require.NotEqual(t, before, after)

@@ -45,7 +45,7 @@ const testQueue = "web_test"
 func insertJob(t *testing.T, db *pg.Pool) int64 {
 	t.Helper()
 	var id int64
-	require.NoError(t, pg.InTx(context.Background(), db, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(context.Background(), db, func(ctx context.Context, tx pgx.Tx) error {
 		res, err := jobs.InsertTx(context.Background(), tx, pingArgs{N: 1}, &river.InsertOpts{Queue: testQueue})
 		if err != nil {
 			return err

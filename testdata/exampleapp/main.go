@@ -86,13 +86,13 @@ func reconcile(ctx context.Context, tx pgx.Tx, key string) (workers.Result, erro
 // Change is the application's state change: it sets an item's qty and marks the
 // item dirty, in one transaction.
 func Change(ctx context.Context, db *pg.Pool, id string, qty int64) error {
-	return pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	return pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO example_items (id, qty) VALUES ($1, $2)
 			ON CONFLICT (id) DO UPDATE SET qty = EXCLUDED.qty, version = example_items.version + 1, updated_at = compute_now()`, id, qty)
 		if err != nil {
 			return err
 		}
-		return jobs.Dirty(ctx, tx, "example_item", id, nil)
+		return jobs.DirtyTx(ctx, tx, "example_item", id, nil)
 	})
 }
 

@@ -163,7 +163,7 @@ func Start(ctx context.Context, db pg.DBTX, b Backfill) (*Progress, error) {
 	}
 	b = b.withDefaults()
 	var out *Progress
-	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		p, err := lockRow(ctx, tx, b.Name, true)
 		if err != nil {
 			return err
@@ -212,7 +212,7 @@ WHERE name = $1`, b.Name, epoch, estimate, jobID)
 // started.
 func Resume(ctx context.Context, db pg.DBTX, name string) (*Progress, error) {
 	var out *Progress
-	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		p, err := lockRow(ctx, tx, name, false)
 		if err != nil {
 			return err
@@ -265,7 +265,7 @@ func Cancel(ctx context.Context, db pg.DBTX, name string) (*Progress, error) {
 
 func stop(ctx context.Context, db pg.DBTX, name string, to State) (*Progress, error) {
 	var out *Progress
-	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		p, err := lockRow(ctx, tx, name, false)
 		if err != nil {
 			return err

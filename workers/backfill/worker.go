@@ -160,7 +160,7 @@ func (w *worker) recordError(ctx context.Context, job *river.Job[jobs.Backfill],
 	msg = truncate(msg, maxErrorLen)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	err := pg.InTx(rctx, rt.Pool(), nil, func(tx pgx.Tx) error {
+	err := pg.InTx(rctx, rt.Pool(), func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(rctx, `
 UPDATE compute_backfills SET errors = errors + 1, last_error = $3, last_error_at = compute_now(),
     updated_at = compute_now()

@@ -227,7 +227,7 @@ func (s *Session) doctorFeatures(ctx context.Context, db *pg.Pool, r *report) {
 // first one's error. The statements use objects any role may use (never a
 // catalog: a non-superuser may not lock pg_class rows).
 func probeFeature(ctx context.Context, db *pg.Pool, stmts ...string) error {
-	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		for _, sql := range stmts {
 			if _, err := tx.Exec(ctx, sql); err != nil {
 				return err

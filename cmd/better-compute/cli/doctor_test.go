@@ -175,7 +175,7 @@ func TestDoctorFindsStrayRunningJobs(t *testing.T) {
 	require.Regexp(t, `(?m)^OK\s+strays\s+1 running job attempted by a client that does not hold the shard, for less than 40s`, r.Stdout)
 }
 
-// TestDoctorFindsDirtyKeysNoReconcilerHandles: jobs.Dirty accepts any valid
+// TestDoctorFindsDirtyKeysNoReconcilerHandles: jobs.DirtyTx accepts any valid
 // kind; keys of a kind no registered reconciler handles wait forever, and
 // doctor names the kind and its keys.
 func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
@@ -187,9 +187,9 @@ func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
 			return workers.Result{}, nil
 		}})
 	}}}}
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		for _, k := range []struct{ kind, key string }{{"no_such_kind", "k"}, {"thing", "a"}, {"thing", "b"}} {
-			if err := jobs.Dirty(ctx, tx, k.kind, k.key, nil); err != nil {
+			if err := jobs.DirtyTx(ctx, tx, k.kind, k.key, nil); err != nil {
 				return err
 			}
 		}
@@ -198,7 +198,7 @@ func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
 
 	r := clitest.Run(t, ctx, app, dbEnv(db), "doctor")
 	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+no registered reconciler handles the dirty keys of no_such_kind \(1 key\): `+
-		`a typo in jobs.Dirty, or a module missing from this binary \(registered: thing\)$`, r.Stdout)
+		`a typo in jobs.DirtyTx, or a module missing from this binary \(registered: thing\)$`, r.Stdout)
 	// Nobody works the shards either: the keys' jobs wait.
 	require.Regexp(t, `(?m)^FAIL\s+leases\s`, r.Stdout)
 	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 2 of 13 checks failed: leases, reconcilers$`)

@@ -285,7 +285,7 @@ func (s *Session) doctorReconcilers(ctx context.Context, db *pg.Pool, r *report)
 		return
 	}
 	if len(unknown) > 0 {
-		r.add(name, false, "no registered reconciler handles the dirty keys of %s: a typo in jobs.Dirty, or a module missing from this binary (registered: %s)",
+		r.add(name, false, "no registered reconciler handles the dirty keys of %s: a typo in jobs.DirtyTx, or a module missing from this binary (registered: %s)",
 			strings.Join(unknown, ", "), orNone(strings.Join(reg.Reconcilers(), ", ")))
 		return
 	}

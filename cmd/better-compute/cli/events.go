@@ -345,7 +345,7 @@ func (h *eventsHandler) open(ctx context.Context, pos outbox.Position, topics []
 		tail *outbox.Tail
 		gap  *outbox.Gap
 	)
-	err := pg.InTx(ctx, h.db, &pg.TxOptions{ReadOnly: true}, func(tx pgx.Tx) error {
+	err := pg.InTxWith(ctx, h.db, pg.TxOptions{ReadOnly: true}, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		tail, gap, err = outbox.OpenTail(ctx, tx, pos, outbox.TailOptions{Topics: topics, Limit: h.o.batch})
 		return err

@@ -2,9 +2,9 @@ package cli
 
 import (
 	"github.com/bettercompute/bettercompute/workers"
-	capworkers "github.com/bettercompute/bettercompute/workers/capacity"
-	outboxw "github.com/bettercompute/bettercompute/workers/outbox"
-	quorumworkers "github.com/bettercompute/bettercompute/workers/quorum"
+	"github.com/bettercompute/bettercompute/workers/capacityworker"
+	"github.com/bettercompute/bettercompute/workers/outboxworker"
+	"github.com/bettercompute/bettercompute/workers/quorumworker"
 )
 
 // builtinModules are Better Compute's own modules, registered before the
@@ -17,10 +17,10 @@ func builtinModules() []Module {
 			// The outbox machinery runs in every worker process: sink delivery,
 			// table dispatcher passes, and retention of the event log (which runs
 			// even without a sink, keeping the replay window). Applications add
-			// sinks and dispatchers from their own modules (outboxw.RegisterSink,
-			// outboxw.RegisterDispatcher) and options (outboxw.Configure).
+			// sinks and dispatchers from their own modules (outboxworker.RegisterSink,
+			// outboxworker.RegisterDispatcher) and options (outboxworker.Configure).
 			Register: func(r *workers.Registry) error {
-				outboxw.Install(r)
+				outboxworker.Install(r)
 				return nil
 			},
 		},
@@ -29,14 +29,14 @@ func builtinModules() []Module {
 			// Every worker process expires the holds of the shards it holds (the
 			// fenced hold-expiry job) and runs the periodic safety sweep when
 			// River elects it leader.
-			Register: func(r *workers.Registry) error { return capworkers.Register(r, nil) },
+			Register: func(r *workers.Registry) error { return capacityworker.Register(r, nil) },
 		},
 		{
 			Name: "quorum",
 			// The apply and expiry jobs of quorum batches. Applications add an
 			// applier per batch kind from their own module's Register
-			// (quorumworkers.Handle).
-			Register: func(r *workers.Registry) error { return quorumworkers.Register(r, nil) },
+			// (quorumworker.Handle).
+			Register: func(r *workers.Registry) error { return quorumworker.Register(r, nil) },
 		},
 	}
 }

@@ -38,7 +38,7 @@ const serveTestQueue = "serve_test"
 func insertServeTestJob(t *testing.T, db *pg.Pool) int64 {
 	t.Helper()
 	var id int64
-	require.NoError(t, pg.InTx(context.Background(), db, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(context.Background(), db, func(ctx context.Context, tx pgx.Tx) error {
 		res, err := jobs.InsertTx(context.Background(), tx, serveTestArgs{}, &river.InsertOpts{Queue: serveTestQueue})
 		if err == nil {
 			id = res.Job.ID

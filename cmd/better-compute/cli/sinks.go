@@ -10,7 +10,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/platform/pg"
-	outboxw "github.com/bettercompute/bettercompute/workers/outbox"
+	"github.com/bettercompute/bettercompute/workers/outboxworker"
 )
 
 const sinksUsage = "list [--json] | pause NAME | resume NAME | reset NAME [--to start|end|TXID:SEQ]"
@@ -74,7 +74,7 @@ func (o *sinksOpts) run(ctx context.Context, s *Session, args []string) error {
 		return err
 	}
 	// A registered sink is listed (and can be steered) before any worker ran.
-	if err := outboxw.EnsureSinks(ctx, db, reg); err != nil {
+	if err := outboxworker.EnsureSinks(ctx, db, reg); err != nil {
 		return pg.Translate(err)
 	}
 	switch verb := args[0]; verb {

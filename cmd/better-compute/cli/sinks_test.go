@@ -16,7 +16,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
-	outboxw "github.com/bettercompute/bettercompute/workers/outbox"
+	"github.com/bettercompute/bettercompute/workers/outboxworker"
 )
 
 // runSinks runs `better-compute sinks args…` in-process with app against db.
@@ -168,7 +168,7 @@ func TestSinksResetRefusesAPrunedPosition(t *testing.T) {
 // billingApp is an application whose module registers the sink billing.
 func billingApp() cli.App {
 	return cli.App{Modules: []cli.Module{{Name: "billing", Register: func(r *workers.Registry) error {
-		return outboxw.RegisterSink(r, outboxw.Sink{Name: "billing", Handle: func(context.Context, []outboxw.Event) error { return nil }})
+		return outboxworker.RegisterSink(r, outboxworker.Sink{Name: "billing", Handle: func(context.Context, []outboxworker.Event) error { return nil }})
 	}}}}
 }
 
@@ -177,8 +177,8 @@ func appendUsage(t *testing.T, db *pgtest.DB, n int) {
 	t.Helper()
 	ctx := context.Background()
 	for range n {
-		require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
-			return outbox.Append(ctx, tx, outbox.Message{Topic: "usage", Key: "k"})
+		require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+			return outbox.AppendTx(ctx, tx, outbox.Message{Topic: "usage", Key: "k"})
 		}))
 	}
 }

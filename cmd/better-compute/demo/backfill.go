@@ -66,7 +66,7 @@ func runBackfillDemo(ctx context.Context, log zerolog.Logger, db *pg.Pool, every
 		case fault.Has(err, fault.NotFound):
 			_, err = backfill.Start(ctx, db, b)
 		case err == nil && p.State == backfill.Done && p.FinishedAt != nil && p.Now.Sub(*p.FinishedAt) >= again:
-			err = pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+			err = pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, `UPDATE demo_backfill_people SET greeting = NULL
 WHERE id IN (SELECT id FROM demo_backfill_people ORDER BY random() LIMIT 4000)`)
 				return err

@@ -61,8 +61,8 @@ func TestDevRunsTheDemoApplication(t *testing.T) {
 
 	// A dirty key of the demo reconciler: the demo application's doctor knows
 	// the kind, an application without the demos names it as unhandled.
-	require.NoError(t, pg.InTx(context.Background(), db.Pool, nil, func(tx pgx.Tx) error {
-		return jobs.Dirty(context.Background(), tx, DemoReconciler, "counter-999", nil)
+	require.NoError(t, pg.InTx(context.Background(), db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		return jobs.DirtyTx(context.Background(), tx, DemoReconciler, "counter-999", nil)
 	}))
 	r = clitest.Run(t, context.Background(), app, env, "doctor")
 	require.NotRegexp(t, `(?m)^FAIL\s+reconcilers\s`, r.Stdout)

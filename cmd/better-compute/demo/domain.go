@@ -17,7 +17,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
-	quorumworkers "github.com/bettercompute/bettercompute/workers/quorum"
+	"github.com/bettercompute/bettercompute/workers/quorumworker"
 )
 
 // The dev demo's capacity fixtures and quorum batch kind.
@@ -52,7 +52,7 @@ func demoDomainModule() cli.Module {
 			runDomainDemo(ctx, log, db, defaultDomainDemo)
 		},
 		Register: func(r *workers.Registry) error {
-			return quorumworkers.Handle(r, DemoChangeKind, func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
+			return quorumworker.Handle(r, DemoChangeKind, func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
 				for i, it := range b.Items {
 					if _, err := tx.Exec(ctx, `INSERT INTO demo_domain_changes (batch_id, position, payload) VALUES ($1, $2, $3::jsonb)`,
 						b.ID, i, string(it)); err != nil {
@@ -71,7 +71,7 @@ func ensureDemoPool(ctx context.Context, db *pg.Pool) error {
 	if _, err := capacity.Capacity(ctx, db, DemoPool); err == nil || !fault.Has(err, fault.NotFound) {
 		return err
 	}
-	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		if err := capacity.CreatePool(ctx, tx, &capacity.CreatePoolParams{PoolID: DemoPool}); err != nil {
 			return err
 		}
@@ -165,7 +165,7 @@ func demoReserve(ctx context.Context, db *pg.Pool, cfg domainDemo) (int64, error
 	}
 	start := now.Truncate(time.Hour).Add(time.Duration(1+rand.IntN(24)) * time.Hour)
 	var id int64
-	err = pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err = pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		r, err := capacity.ReserveTx(ctx, tx, &capacity.ReserveParams{
 			PoolID: DemoPool, Tenant: tenant, Devices: 1 + rand.IntN(2), Linked: rand.IntN(3) == 0,
 			Start: start, End: start.Add(time.Duration(1+rand.IntN(4)) * time.Hour), TTL: cfg.HoldTTL,
@@ -181,7 +181,7 @@ func demoReserve(ctx context.Context, db *pg.Pool, cfg domainDemo) (int64, error
 
 // demoTouch confirms, extends or releases a reservation, or leaves it to expire.
 func demoTouch(ctx context.Context, db *pg.Pool, id int64) error {
-	return pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	return pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		switch rand.IntN(6) {
 		case 0:
 			_, err := capacity.ConfirmTx(ctx, tx, &capacity.ConfirmParams{ReservationID: id})
@@ -208,7 +208,7 @@ func demoBatch(ctx context.Context, db *pg.Pool, cfg domainDemo, step int) error
 		return err
 	}
 	var id int64
-	err = pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err = pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		b, err := quorum.ProposeTx(ctx, tx, &quorum.ProposeParams{
 			Kind: DemoChangeKind, Agent: "demo-planner",
 			Items: []any{
@@ -231,7 +231,7 @@ func demoBatch(ctx context.Context, db *pg.Pool, cfg domainDemo, step int) error
 		if rand.IntN(4) == 0 {
 			continue // this voter abstains: with too many, the batch expires
 		}
-		err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+		err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 			_, err := quorum.VoteTx(ctx, tx, &quorum.VoteParams{BatchID: id, Voter: v, Approve: approve, Reason: "demo"})
 			return err
 		})

@@ -13,7 +13,7 @@ import (
 	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
-	outboxw "github.com/bettercompute/bettercompute/workers/outbox"
+	"github.com/bettercompute/bettercompute/workers/outboxworker"
 )
 
 // DemoOutboxTopic is the topic of the demo's events: watch them with
@@ -34,8 +34,8 @@ type demoConfirmation struct {
 // demoConfirmations is the demo's table dispatcher: it "sends" each order's
 // confirmation (a log line), in order per customer, failing now and then to
 // show a retry.
-func newDemoConfirmations() *outboxw.Dispatcher[demoConfirmation] {
-	d, err := outboxw.NewDispatcher(outboxw.DispatcherOptions[demoConfirmation]{
+func newDemoConfirmations() *outboxworker.Dispatcher[demoConfirmation] {
+	d, err := outboxworker.NewDispatcher(outboxworker.DispatcherOptions[demoConfirmation]{
 		Name: "demo_confirmations", Table: "demo_outbox_confirmations", OrderBy: "customer", Sequence: "seq",
 		Publish: func(ctx context.Context, c demoConfirmation) error {
 			if rand.IntN(10) == 0 && c.Attempts == 0 {
@@ -61,7 +61,7 @@ func newDemoConfirmations() *outboxw.Dispatcher[demoConfirmation] {
 func demoOutboxModule() cli.Module { return outboxModule(newDemoConfirmations()) }
 
 // outboxModule is the outbox demo with its confirmations dispatcher.
-func outboxModule(confirmations *outboxw.Dispatcher[demoConfirmation]) cli.Module {
+func outboxModule(confirmations *outboxworker.Dispatcher[demoConfirmation]) cli.Module {
 	return cli.Module{
 		Name:       "demo_outbox",
 		Migrations: migrationsOf("demo_outbox"),
@@ -69,10 +69,10 @@ func outboxModule(confirmations *outboxw.Dispatcher[demoConfirmation]) cli.Modul
 			runOutboxDemo(ctx, log, db, confirmations, 2*time.Second)
 		},
 		Register: func(r *workers.Registry) error {
-			if err := outboxw.RegisterSink(r, outboxw.Sink{
+			if err := outboxworker.RegisterSink(r, outboxworker.Sink{
 				Name:   "demo_log",
 				Topics: []string{DemoOutboxTopic},
-				Handle: func(ctx context.Context, events []outboxw.Event) error {
+				Handle: func(ctx context.Context, events []outboxworker.Event) error {
 					log := workers.RuntimeFrom(ctx).Log()
 					for _, e := range events {
 						log.Info().Str("event", e.ID.String()).Str("topic", e.Topic).Str("key", e.Key).
@@ -83,7 +83,7 @@ func outboxModule(confirmations *outboxw.Dispatcher[demoConfirmation]) cli.Modul
 			}); err != nil {
 				return err
 			}
-			return outboxw.RegisterDispatcher(r, confirmations)
+			return outboxworker.RegisterDispatcher(r, confirmations)
 		},
 	}
 }
@@ -91,7 +91,7 @@ func outboxModule(confirmations *outboxw.Dispatcher[demoConfirmation]) cli.Modul
 // runOutboxDemo places an order every interval until ctx is done: one
 // transaction inserts the order, appends its event and writes its confirmation
 // to the outbox table; after the commit, Notify starts a dispatcher pass.
-func runOutboxDemo(ctx context.Context, log zerolog.Logger, db *pg.Pool, confirmations *outboxw.Dispatcher[demoConfirmation], every time.Duration) {
+func runOutboxDemo(ctx context.Context, log zerolog.Logger, db *pg.Pool, confirmations *outboxworker.Dispatcher[demoConfirmation], every time.Duration) {
 	customers := []string{"ada", "grace", "edsger", "barbara", "ken"}
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -102,12 +102,12 @@ func runOutboxDemo(ctx context.Context, log zerolog.Logger, db *pg.Pool, confirm
 		case <-t.C:
 		}
 		customer, amount := customers[rand.IntN(len(customers))], 1+rand.IntN(100)
-		err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+		err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 			var id int64
 			if err := tx.QueryRow(ctx, `INSERT INTO demo_outbox_orders (customer, amount) VALUES ($1, $2) RETURNING id`, customer, amount).Scan(&id); err != nil {
 				return err
 			}
-			if err := outbox.Append(ctx, tx, outbox.Message{Topic: DemoOutboxTopic, Key: customer,
+			if err := outbox.AppendTx(ctx, tx, outbox.Message{Topic: DemoOutboxTopic, Key: customer,
 				Payload: map[string]any{"order": id, "customer": customer, "amount": amount}}); err != nil {
 				return err
 			}

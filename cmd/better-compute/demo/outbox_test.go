@@ -11,7 +11,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/migrate"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
-	outboxw "github.com/bettercompute/bettercompute/workers/outbox"
+	"github.com/bettercompute/bettercompute/workers/outboxworker"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
@@ -26,7 +26,7 @@ func TestOutboxDemo(t *testing.T) {
 	require.NoError(t, err)
 	db := pgtest.New(t, pgtest.Options{Groups: []migrate.Group{{Owner: m.Name, Migrations: ms}}})
 	reg := workers.NewRegistry()
-	require.NoError(t, outboxw.Configure(reg, outboxw.Options{PollEvery: 20 * time.Millisecond}))
+	require.NoError(t, outboxworker.Configure(reg, outboxworker.Options{PollEvery: 20 * time.Millisecond}))
 	require.NoError(t, m.Register(reg))
 	rt := workertest.Start(t, db.Pool, reg, nil)
 

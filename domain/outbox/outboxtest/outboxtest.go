@@ -19,8 +19,8 @@ import (
 func Append(tb testing.TB, db pg.DBTX, topic, key string, payload any) {
 	tb.Helper()
 	ctx := context.Background()
-	require.NoError(tb, pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
-		return outbox.Append(ctx, tx, outbox.Message{Topic: topic, Key: key, Payload: payload})
+	require.NoError(tb, pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
+		return outbox.AppendTx(ctx, tx, outbox.Message{Topic: topic, Key: key, Payload: payload})
 	}))
 }
 

@@ -1,4 +1,4 @@
-package outbox
+package outboxworker
 
 import (
 	"context"
@@ -80,12 +80,12 @@ func TestSinkDeliversEveryEventInOrder(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 25; i++ {
-				err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+				err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 					msgs := []dom.Message{{Topic: "orders", Key: fmt.Sprintf("p%d-%d", p, i)}}
 					if i%2 == 0 {
 						msgs = append(msgs, dom.Message{Topic: "audit", Key: fmt.Sprintf("p%d-%d", p, i)})
 					}
-					return dom.Append(ctx, tx, msgs...)
+					return dom.AppendTx(ctx, tx, msgs...)
 				})
 				if err != nil {
 					t.Error(err)

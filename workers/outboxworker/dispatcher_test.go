@@ -1,4 +1,4 @@
-package outbox
+package outboxworker
 
 import (
 	"bytes"
@@ -415,7 +415,7 @@ func TestDispatcherNotifyRunsAPassAsARiverJob(t *testing.T) {
 	workertest.WaitFor(t, 10*time.Second, "the start-up pass ran", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'outbox_dispatch' AND state = 'completed'`) == 1
 	})
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		var item string
 		if err := tx.QueryRow(ctx, `INSERT INTO inventory.items (quantity) VALUES (1) RETURNING id`).Scan(&item); err != nil {
 			return err

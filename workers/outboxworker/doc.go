@@ -18,7 +18,7 @@
 // A delivery job takes the sink's lease (sink/<name>, LeaseTTL, renewed every
 // LeaseRenew while it runs), reads a batch, calls the handler outside any
 // transaction, and moves the cursor in a transaction fenced by the lease and the
-// job's attempt (workers.Fence, workers.InTxLease). While batches come back full
+// job's attempt (workers.FenceTx, workers.InTxLease). While batches come back full
 // it goes on (up to 2 s), then hands over to a fresh job. A handler error is
 // retried with backoff (1 s, 2 s … Options.SinkMaxBackoff); other sinks have
 // their own jobs and go on.
@@ -53,4 +53,4 @@
 // with other housekeeping. A slow handler or publish holds one of them while it
 // runs: bound handlers with a deadline, and run more worker processes for many
 // slow sinks.
-package outbox
+package outboxworker

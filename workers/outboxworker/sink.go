@@ -1,4 +1,4 @@
-package outbox
+package outboxworker
 
 import (
 	"context"
@@ -133,7 +133,7 @@ func (st *state) pump(rt *workers.Runtime) {
 // startDelivery inserts sink d's next delivery job, unless another process did
 // since d was read.
 func (st *state) startDelivery(ctx context.Context, rt *workers.Runtime, d dom.Due) error {
-	return pg.InTx(ctx, rt.Pool(), nil, func(tx pgx.Tx) error {
+	return pg.InTx(ctx, rt.Pool(), func(ctx context.Context, tx pgx.Tx) error {
 		ok, err := dom.ClaimSinkStartTx(ctx, tx, d.Name, d.JobID)
 		if err != nil || !ok {
 			return err
@@ -306,8 +306,8 @@ func (d *delivery) handle(ctx context.Context, from dom.SinkPosition, events []E
 // the lease and the job's attempt. moved is false when the sink was reset
 // meanwhile: the delivery stops without moving it.
 func (d *delivery) advance(ctx context.Context, from dom.SinkPosition, next dom.Cursor, n int) (moved bool, err error) {
-	err = pg.InTx(ctx, d.db, nil, func(tx pgx.Tx) error {
-		if err := workers.Fence(ctx, tx, d.l, d.job.JobRow); err != nil {
+	err = pg.InTx(ctx, d.db, func(ctx context.Context, tx pgx.Tx) error {
+		if err := workers.FenceTx(ctx, tx, d.l, d.job.JobRow); err != nil {
 			return err
 		}
 		var err error

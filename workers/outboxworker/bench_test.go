@@ -1,4 +1,4 @@
-package outbox
+package outboxworker
 
 import (
 	"context"
@@ -26,7 +26,7 @@ func appendBulk(b *testing.B, db *pg.Pool, n int) {
 		for i := range msgs {
 			msgs[i] = dom.Message{Topic: "bench", Key: fmt.Sprint(done + i), Payload: map[string]int{"i": done + i}}
 		}
-		require.NoError(b, pg.InTx(ctx, db, nil, func(tx pgx.Tx) error { return dom.Append(ctx, tx, msgs...) }))
+		require.NoError(b, pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error { return dom.AppendTx(ctx, tx, msgs...) }))
 	}
 }
 
@@ -134,7 +134,7 @@ func BenchmarkCommitToDelivery(b *testing.B) {
 				for i := range msgs {
 					msgs[i] = dom.Message{Topic: "bench", Key: fmt.Sprint(n + i)}
 				}
-				if err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error { return dom.Append(ctx, tx, msgs...) }); err != nil {
+				if err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error { return dom.AppendTx(ctx, tx, msgs...) }); err != nil {
 					b.Error(err)
 					return
 				}

@@ -1,4 +1,4 @@
-package capacity_test
+package capacityworker_test
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
-	capworkers "github.com/bettercompute/bettercompute/workers/capacity"
+	"github.com/bettercompute/bettercompute/workers/capacityworker"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
@@ -27,14 +27,14 @@ var t0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 // setup makes pool p with devices devices on one node and tenant acme with a
 // quota of all of them, on the sim clock at t0, and starts a worker with the
 // capacity workers.
-func setup(t *testing.T, devices int, o *capworkers.Options) *pgtest.DB {
+func setup(t *testing.T, devices int, o *capacityworker.Options) *pgtest.DB {
 	t.Helper()
 	ctx := context.Background()
 	db := pgtest.New(t)
 	require.NoError(t, clock.UseSim(ctx, db.Pool, t0))
 	require.NoError(t, capacity.CreatePool(ctx, db.Pool, &capacity.CreatePoolParams{PoolID: "p"}))
 	require.NoError(t, capacity.AddNode(ctx, db.Pool, &capacity.AddNodeParams{PoolID: "p", NodeID: "n"}))
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		for i := 0; i < devices; i++ {
 			if err := capacity.AddDeviceTx(ctx, tx, &capacity.AddDeviceParams{NodeID: "n", DeviceID: fmt.Sprintf("d%02d", i)}); err != nil {
 				return err
@@ -44,10 +44,10 @@ func setup(t *testing.T, devices int, o *capworkers.Options) *pgtest.DB {
 	}))
 	require.NoError(t, capacity.SetQuota(ctx, db.Pool, &capacity.SetQuotaParams{Tenant: "acme", PoolID: "p", Limit: devices}))
 	if o == nil {
-		o = &capworkers.Options{SweepEvery: -1}
+		o = &capacityworker.Options{SweepEvery: -1}
 	}
 	reg := workers.NewRegistry()
-	require.NoError(t, capworkers.Register(reg, o))
+	require.NoError(t, capacityworker.Register(reg, o))
 	workertest.Start(t, db.Pool, reg, nil)
 	return db
 }
@@ -55,7 +55,7 @@ func setup(t *testing.T, devices int, o *capworkers.Options) *pgtest.DB {
 func reserve(t *testing.T, db *pgtest.DB, devices int, ttl time.Duration) *capacity.Reservation {
 	t.Helper()
 	var r *capacity.Reservation
-	require.NoError(t, pg.InTx(context.Background(), db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(context.Background(), db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		r, err = capacity.ReserveTx(context.Background(), tx, &capacity.ReserveParams{
 			PoolID: "p", Tenant: "acme", Devices: devices, Start: t0, End: t0.Add(time.Hour), TTL: ttl,
@@ -108,7 +108,7 @@ func TestHoldExpiresOnceUnderTheSimClock(t *testing.T) {
 
 	// An extended hold: the job runs at the original expiry and snoozes.
 	r2 := reserve(t, db, 1, time.Second)
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := capacity.ExtendTx(ctx, tx, &capacity.ExtendParams{ReservationID: r2.ID, Version: r2.Version, By: time.Hour})
 		return err
 	}))
@@ -145,7 +145,7 @@ func TestReleaseRacesExpiry(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			time.Sleep(time.Duration(i%8) * 150 * time.Millisecond) // spread over the jobs' runs
-			err := pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+			err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 				_, err := capacity.ReleaseTx(ctx, tx, &capacity.ReleaseParams{ReservationID: id})
 				return err
 			})
@@ -188,7 +188,7 @@ func TestReleaseRacesExpiry(t *testing.T) {
 func TestSweepReenqueuesALostExpiry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := setup(t, 1, &capworkers.Options{SweepEvery: 200 * time.Millisecond, Grace: time.Minute})
+	db := setup(t, 1, &capacityworker.Options{SweepEvery: 200 * time.Millisecond, Grace: time.Minute})
 	r := reserve(t, db, 1, time.Hour)
 	db.MustExec(t, `UPDATE river_job SET state = 'cancelled', finalized_at = clock_timestamp() WHERE kind = 'capacity_hold_expiry'`)
 
@@ -221,7 +221,7 @@ func TestSweepReenqueuesALostExpiry(t *testing.T) {
 func TestSweepDoesNotWaitOnALiveExpiry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := setup(t, 1, &capworkers.Options{SweepEvery: 200 * time.Millisecond, Grace: time.Minute})
+	db := setup(t, 1, &capacityworker.Options{SweepEvery: 200 * time.Millisecond, Grace: time.Minute})
 	r := reserve(t, db, 1, time.Hour)
 	// The expiry job stays live but does not run by itself in this test.
 	db.MustExec(t, `UPDATE river_job SET scheduled_at = clock_timestamp() + interval '1 hour' WHERE kind = 'capacity_hold_expiry'`)

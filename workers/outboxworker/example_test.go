@@ -1,4 +1,4 @@
-package outbox_test
+package outboxworker_test
 
 import (
 	"context"
@@ -12,17 +12,17 @@ import (
 	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
-	outboxw "github.com/bettercompute/bettercompute/workers/outbox"
+	"github.com/bettercompute/bettercompute/workers/outboxworker"
 )
 
 // A sink receives every event of its topics, in order, at least once: the
 // receiver drops a repeat by the event's ID.
 func ExampleRegisterSink() {
 	reg := workers.NewRegistry() // in an application: a cli.Module's Register
-	err := outboxw.RegisterSink(reg, outboxw.Sink{
+	err := outboxworker.RegisterSink(reg, outboxworker.Sink{
 		Name:   "billing",
 		Topics: []string{"usage.recorded"},
-		Handle: func(ctx context.Context, events []outboxw.Event) error {
+		Handle: func(ctx context.Context, events []outboxworker.Event) error {
 			for _, e := range events {
 				// e.ID (TXID:SEQ) is the idempotency key.
 				fmt.Println(e.ID, e.Topic, e.Key, string(e.Payload))
@@ -42,11 +42,11 @@ func ExampleRegisterSink_append() {
 	if db == nil {
 		return
 	}
-	err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE accounts SET used = used + 1 WHERE id = $1`, "acct-1"); err != nil {
 			return err
 		}
-		return outbox.Append(ctx, tx, outbox.Message{Topic: "usage.recorded", Key: "acct-1", Payload: map[string]int{"units": 1}})
+		return outbox.AppendTx(ctx, tx, outbox.Message{Topic: "usage.recorded", Key: "acct-1", Payload: map[string]int{"units": 1}})
 	})
 	if err != nil {
 		panic(err)
@@ -65,7 +65,7 @@ type StockReport struct {
 // A table dispatcher publishes an application's outbox table in order per
 // key; the row's id is the receiver's idempotency key.
 func ExampleNewDispatcher() {
-	stockReports, err := outboxw.NewDispatcher(outboxw.DispatcherOptions[StockReport]{
+	stockReports, err := outboxworker.NewDispatcher(outboxworker.DispatcherOptions[StockReport]{
 		Name:              "inventory:stock-reports",
 		Table:             "inventory.stock_reports",
 		OrderBy:           "item_id",
@@ -95,7 +95,7 @@ func ExampleNewDispatcher() {
 		panic(err)
 	}
 	reg := workers.NewRegistry() // in an application: a cli.Module's Register
-	if err := outboxw.RegisterDispatcher(reg, stockReports); err != nil {
+	if err := outboxworker.RegisterDispatcher(reg, stockReports); err != nil {
 		panic(err)
 	}
 
@@ -106,7 +106,7 @@ func ExampleNewDispatcher() {
 	if db == nil {
 		return
 	}
-	_ = pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	_ = pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `UPDATE inventory.items SET quantity = quantity + $2 WHERE id = $1`, "…", 5)
 		if err != nil || tag.RowsAffected() == 0 {
 			return err

@@ -32,7 +32,7 @@
 // time). The worker expires the batch if it is still open by compute_now(), and
 // snoozes while the deadline is ahead (at most SimPoll at a time under a sim
 // clock, which jumps).
-package quorum
+package quorumworker
 
 import (
 	"context"

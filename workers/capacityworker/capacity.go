@@ -25,7 +25,7 @@
 // overdue by more than Grace, for a job an operator cancelled or River discarded.
 // The expiry job is unique by args among live jobs, so the sweep never runs two
 // for one hold.
-package capacity
+package capacityworker
 
 import (
 	"context"
@@ -154,7 +154,7 @@ func (w *SweepWorker) Work(ctx context.Context, job *river.Job[jobs.CapacityExpi
 	if rt == nil {
 		return fmt.Errorf("capacity sweep: no worker runtime in the job's context")
 	}
-	return pg.InTx(ctx, rt.Pool(), nil, func(tx pgx.Tx) error {
+	return pg.InTx(ctx, rt.Pool(), func(ctx context.Context, tx pgx.Tx) error {
 		// FOR SHARE SKIP LOCKED: a hold its expiry job is expiring right now is
 		// skipped, and one expired since this statement's snapshot is re-checked
 		// (and dropped) under the lock, so a finished job is never followed by a

@@ -1,4 +1,4 @@
-package outbox
+package outboxworker
 
 import (
 	"context"
@@ -169,7 +169,7 @@ func (d *Dispatcher[T]) Notify(ctx context.Context, db pg.DBTX) error {
 }
 
 func notify(ctx context.Context, db pg.DBTX, name string) error {
-	return pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	return pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		waiting, err := jobs.OutboxDispatchWaitingTx(ctx, tx, name)
 		if err != nil || waiting {
 			return err

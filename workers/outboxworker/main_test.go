@@ -1,4 +1,4 @@
-package outbox
+package outboxworker
 
 import (
 	"bufio"
@@ -215,8 +215,8 @@ func appendEvents(t testing.TB, db *pg.Pool, topic string, n int) []string {
 	t.Helper()
 	ctx := context.Background()
 	for i := 0; i < n; i++ {
-		require.NoError(t, pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
-			return dom.Append(ctx, tx, dom.Message{Topic: topic, Key: fmt.Sprint(i), Payload: i})
+		require.NoError(t, pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
+			return dom.AppendTx(ctx, tx, dom.Message{Topic: topic, Key: fmt.Sprint(i), Payload: i})
 		}))
 	}
 	return storedIDs(t, db, topic)

@@ -1,4 +1,4 @@
-package quorum_test
+package quorumworker_test
 
 import (
 	"bufio"
@@ -20,7 +20,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
-	quorumworkers "github.com/bettercompute/bettercompute/workers/quorum"
+	"github.com/bettercompute/bettercompute/workers/quorumworker"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
@@ -50,14 +50,14 @@ func commitBatch(t *testing.T, db pg.DBTX, kind string, items []any, deadline ti
 	t.Helper()
 	ctx := context.Background()
 	var id int64
-	require.NoError(t, pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		b, err := quorum.ProposeTx(ctx, tx, &quorum.ProposeParams{Kind: kind, Agent: "test", Items: items,
 			Voters: []string{"a", "b", "c"}, Quorum: 2, Deadline: deadline})
 		id = b.ID
 		return err
 	}))
 	for _, v := range []string{"a", "b"} {
-		require.NoError(t, pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+		require.NoError(t, pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 			_, err := quorum.VoteTx(ctx, tx, &quorum.VoteParams{BatchID: id, Voter: v, Approve: true})
 			return err
 		}))
@@ -77,8 +77,8 @@ func TestApplyOnce(t *testing.T) {
 	db := pgtest.New(t)
 	db.MustExec(t, effectsSQL)
 	reg := workers.NewRegistry()
-	require.NoError(t, quorumworkers.Register(reg, nil))
-	require.NoError(t, quorumworkers.Handle(reg, "effects", recordEffects))
+	require.NoError(t, quorumworker.Register(reg, nil))
+	require.NoError(t, quorumworker.Handle(reg, "effects", recordEffects))
 	workertest.Start(t, db.Pool, reg, nil)
 
 	id := commitBatch(t, db.Pool, "effects", []any{"x", "y", "z"}, time.Now().Add(time.Hour))
@@ -97,7 +97,7 @@ func TestApplyOnce(t *testing.T) {
 	}(), "in order")
 
 	// A second apply job for the same batch (a retry, an operator) changes nothing.
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE river_job SET state = 'available', attempt = 0, finalized_at = NULL WHERE kind = 'quorum_apply'`)
 		return err
 	}))
@@ -111,13 +111,13 @@ func TestApplyOnce(t *testing.T) {
 func TestHandle(t *testing.T) {
 	t.Parallel()
 	reg := workers.NewRegistry()
-	require.NoError(t, quorumworkers.Handle(reg, "a", recordEffects))
-	require.NoError(t, quorumworkers.Register(reg, nil), "Register after Handle reuses the workers")
-	require.True(t, fault.Has(quorumworkers.Handle(reg, "a", recordEffects), fault.InvalidConfig), "a second applier for a kind")
-	require.True(t, fault.Has(quorumworkers.Handle(reg, "Not A Kind", recordEffects), fault.InvalidConfig))
-	require.True(t, fault.Has(quorumworkers.Handle(reg, "b", nil), fault.InvalidConfig))
+	require.NoError(t, quorumworker.Handle(reg, "a", recordEffects))
+	require.NoError(t, quorumworker.Register(reg, nil), "Register after Handle reuses the workers")
+	require.True(t, fault.Has(quorumworker.Handle(reg, "a", recordEffects), fault.InvalidConfig), "a second applier for a kind")
+	require.True(t, fault.Has(quorumworker.Handle(reg, "Not A Kind", recordEffects), fault.InvalidConfig))
+	require.True(t, fault.Has(quorumworker.Handle(reg, "b", nil), fault.InvalidConfig))
 	// Another registry has appliers of its own.
-	require.NoError(t, quorumworkers.Handle(workers.NewRegistry(), "a", recordEffects))
+	require.NoError(t, quorumworker.Handle(workers.NewRegistry(), "a", recordEffects))
 }
 
 // TestExpiryJobUnderTheSimClock: the expiry job, scheduled for the deadline in
@@ -128,12 +128,12 @@ func TestExpiryJobUnderTheSimClock(t *testing.T) {
 	db := pgtest.New(t)
 	require.NoError(t, clock.UseSim(ctx, db.Pool, time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)))
 	reg := workers.NewRegistry()
-	require.NoError(t, quorumworkers.Register(reg, nil))
+	require.NoError(t, quorumworker.Register(reg, nil))
 	workertest.Start(t, db.Pool, reg, nil)
 	now, err := clock.Now(ctx, db.Pool)
 	require.NoError(t, err)
 	var b *quorum.Batch
-	require.NoError(t, pg.InTx(ctx, db.Pool, nil, func(tx pgx.Tx) error {
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		b, err = quorum.ProposeTx(ctx, tx, &quorum.ProposeParams{Kind: "k", Agent: "test", Voters: []string{"a"}, Quorum: 1, Deadline: now.Add(time.Hour)})
 		return err
 	}))
@@ -170,7 +170,7 @@ func runKillChild(url string) int {
 		return fail(err)
 	}
 	reg := workers.NewRegistry()
-	err = quorumworkers.Handle(reg, "effects", func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
+	err = quorumworker.Handle(reg, "effects", func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
 		if err := recordEffects(ctx, tx, b); err != nil {
 			return err
 		}
@@ -247,7 +247,7 @@ func TestKillDuringApply(t *testing.T) {
 	// Another worker takes the shard over (once the child's lease expires),
 	// hands the running job back, and applies the batch.
 	reg := workers.NewRegistry()
-	require.NoError(t, quorumworkers.Handle(reg, "effects", recordEffects))
+	require.NoError(t, quorumworker.Handle(reg, "effects", recordEffects))
 	workertest.Start(t, db.Pool, reg, nil)
 	workertest.WaitFor(t, 60*time.Second, "the batch applied by the new worker", func() bool {
 		b, err := quorum.Get(ctx, db.Pool, id)

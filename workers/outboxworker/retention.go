@@ -1,4 +1,4 @@
-package outbox
+package outboxworker
 
 import (
 	"context"
@@ -39,7 +39,7 @@ func Prune(ctx context.Context, db pg.DBTX, o Options) (int, error) {
 	total := 0
 	for i := 0; i < o.RetentionMaxBatches; i++ {
 		var n int
-		err := pg.InTx(ctx, db, nil, func(tx pgx.Tx) error {
+		err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 			var err error
 			n, err = dom.Prune(ctx, tx, dom.PruneOptions{Keep: o.Retain, Batch: o.RetentionBatch})
 			return err
