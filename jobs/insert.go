@@ -2,12 +2,15 @@ package jobs
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/bettercompute/bettercompute/platform/pg"
 )
 
 var (
@@ -16,12 +19,46 @@ var (
 	inserterErr  error
 )
 
+// InsertForKeyTx inserts a River job of an application's fenced kind (one
+// registered with workers.AddWorker) in the caller's transaction, into the
+// shard queue key picks: the shard of key (ShardOf, as DirtyTx and workflows
+// route), whose lease holder works it and fences its writes. If tx rolls back,
+// so does the job. opts may set anything but the queue (nil for River's
+// defaults and the args' own InsertOpts); a queue other than the key's shard
+// queue is INVALID_ARGUMENT, and so is an empty key.
+//
+//	_, err := jobs.InsertForKeyTx(ctx, tx, orderID, ShipArgs{OrderID: orderID}, nil)
+func InsertForKeyTx(ctx context.Context, tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error) {
+	if key == "" {
+		return nil, invalid("InsertForKeyTx: the key is empty (it picks the job's shard)")
+	}
+	if len(key) > MaxKeyLen {
+		return nil, invalid("InsertForKeyTx: the key is %d bytes, longer than %d", len(key), MaxKeyLen)
+	}
+	queue, err := ShardQueueOfTx(ctx, tx, key)
+	if err != nil {
+		return nil, pg.Translate(fmt.Errorf("error reading the shard count: %w", err))
+	}
+	o := river.InsertOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	if o.Queue != "" && o.Queue != queue {
+		return nil, invalid("InsertForKeyTx: opts.Queue is %s, but key %q belongs to %s (leave Queue empty: the key picks it)", o.Queue, key, queue)
+	}
+	o.Queue = queue
+	return InsertTx(ctx, tx, args, &o)
+}
+
 // InsertTx inserts a River job in the caller's transaction: if tx rolls back, so
 // does the job. It needs no running client (domain code and applications use it
 // inside their own transactions); worker processes pick the job up by its queue.
-// A job that a shard's holder must fence goes to that shard's queue:
 //
-//	jobs.InsertTx(ctx, tx, args, &river.InsertOpts{Queue: jobs.ShardQueue(jobs.ShardOf(key, n))})
+// A job of a fenced kind (registered with workers.AddWorker: worked only in
+// shard queues, fenced by the shard's lease) must go to a shard queue; insert
+// it with InsertForKeyTx. Inserted anywhere else (River's default queue, where
+// no worker would ever take it) it is refused with INVALID_ARGUMENT, by the
+// database, whatever the insert path.
 func InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error) {
 	inserterOnce.Do(func() {
 		inserter, inserterErr = river.NewClient(riverpgxv5.New(nil), &river.Config{})
@@ -29,7 +66,11 @@ func InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.In
 	if inserterErr != nil {
 		return nil, inserterErr
 	}
-	return inserter.InsertTx(ctx, tx, args, opts)
+	res, err := inserter.InsertTx(ctx, tx, args, opts)
+	if err != nil {
+		return nil, pg.Translate(err)
+	}
+	return res, nil
 }
 
 // ShardCountTx reads the deployment's shard count in tx.
@@ -46,4 +87,19 @@ func ShardQueueOfTx(ctx context.Context, tx pgx.Tx, key string) (string, error) 
 		return "", err
 	}
 	return ShardQueue(ShardOf(key, n)), nil
+}
+
+// RecordFencedKinds records kinds as fenced (see InsertTx): from then on the
+// database refuses a job of any of them in a queue other than a shard queue.
+// migrate and every worker start record their registry's kinds; a kind stays
+// recorded.
+func RecordFencedKinds(ctx context.Context, db pg.DBTX, kinds []string) error {
+	if len(kinds) == 0 {
+		return nil
+	}
+	_, err := db.Exec(ctx, `INSERT INTO compute_fenced_kinds (kind) SELECT unnest($1::text[]) ON CONFLICT (kind) DO NOTHING`, kinds)
+	if err != nil {
+		return pg.Translate(fmt.Errorf("error recording the fenced job kinds: %w", err))
+	}
+	return nil
 }

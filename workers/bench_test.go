@@ -166,7 +166,7 @@ func benchRawRiverEndToEnd(b *testing.B, db *pgtest.DB) float64 {
 func benchFenced(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
 	ctx := context.Background()
 	reg := workers.NewRegistry()
-	require.NoError(b, reg.Reconciler(workers.Reconciler{Kind: "bench",
+	require.NoError(b, workers.AddReconciler(reg, workers.Reconciler{Kind: "bench",
 		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
 			_, err := tx.Exec(ctx, `UPDATE bench_items SET n = n + 1 WHERE key = $1`, key)
 			return workers.Result{}, err
@@ -200,7 +200,7 @@ func benchFenced(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
 func benchEndToEnd(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
 	ctx := context.Background()
 	reg := workers.NewRegistry()
-	require.NoError(b, reg.Reconciler(workers.Reconciler{Kind: "bench_e2e",
+	require.NoError(b, workers.AddReconciler(reg, workers.Reconciler{Kind: "bench_e2e",
 		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
 			_, err := tx.Exec(ctx, `UPDATE bench_items SET n = n + 1 WHERE key = $1`, key)
 			return workers.Result{}, err

@@ -57,8 +57,8 @@ func TestBehindPgBouncer(t *testing.T) {
 	db := &pgtest.DB{Pool: via, Name: direct.Name, URL: viaURL}
 	db.MustExec(t, `CREATE TABLE things (key text PRIMARY KEY, n int NOT NULL DEFAULT 0, seen int)`)
 	reg := workers.NewRegistry()
-	workers.AddWorker(reg, &bumpWorker{})
-	require.NoError(t, reg.Reconciler(workers.Reconciler{Kind: "thing",
+	require.NoError(t, workers.AddWorker(reg, &bumpWorker{}))
+	require.NoError(t, workers.AddReconciler(reg, workers.Reconciler{Kind: "thing",
 		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
 			_, err := tx.Exec(ctx, `UPDATE things SET seen = n WHERE key = $1`, key)
 			return workers.Result{}, err

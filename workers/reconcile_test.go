@@ -53,7 +53,7 @@ func TestDirtyCoalesces(t *testing.T) {
 
 	var reconciles atomic.Int64
 	reg := workers.NewRegistry()
-	require.NoError(t, reg.Reconciler(workers.Reconciler{Kind: "thing",
+	require.NoError(t, workers.AddReconciler(reg, workers.Reconciler{Kind: "thing",
 		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
 			reconciles.Add(1)
 			return workers.Result{}, nil
@@ -83,7 +83,7 @@ func TestNoLostWakeupAndNoOverlap(t *testing.T) {
 		overlap atomic.Int64
 	)
 	reg := workers.NewRegistry()
-	require.NoError(t, reg.Reconciler(workers.Reconciler{Kind: "thing",
+	require.NoError(t, workers.AddReconciler(reg, workers.Reconciler{Kind: "thing",
 		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
 			mu.Lock()
 			if running[key] {
@@ -150,7 +150,7 @@ func TestRequeueAfterAndDirtyDuringRun(t *testing.T) {
 	var runs atomic.Int64
 	entered, release := make(chan struct{}), make(chan struct{})
 	reg := workers.NewRegistry()
-	require.NoError(t, reg.Reconciler(workers.Reconciler{Kind: "thing",
+	require.NoError(t, workers.AddReconciler(reg, workers.Reconciler{Kind: "thing",
 		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
 			n := runs.Add(1)
 			switch {
@@ -188,7 +188,7 @@ func TestFaultsBecomeOutcomes(t *testing.T) {
 	const secret = "hunter2-secret"
 	var panics, fails atomic.Int64
 	reg := workers.NewRegistry()
-	require.NoError(t, reg.Reconciler(workers.Reconciler{Kind: "thing",
+	require.NoError(t, workers.AddReconciler(reg, workers.Reconciler{Kind: "thing",
 		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
 			switch key {
 			case "panics":
@@ -247,7 +247,7 @@ func TestBatchReconcilesInOneTransaction(t *testing.T) {
 	db.MustExec(t, `CREATE TABLE done (key text, txid xid8 DEFAULT pg_current_xact_id())`)
 	var failed atomic.Bool
 	reg := workers.NewRegistry()
-	require.NoError(t, reg.Reconciler(workers.Reconciler{Kind: "thing", Batch: 10,
+	require.NoError(t, workers.AddReconciler(reg, workers.Reconciler{Kind: "thing", Batch: 10,
 		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
 			if key == "k13" && failed.CompareAndSwap(false, true) {
 				return workers.Result{}, errors.New("k13 fails once")

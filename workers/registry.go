@@ -2,7 +2,6 @@ package workers
 
 import (
 	"context"
-	"fmt"
 	"reflect"
 	"time"
 
@@ -53,45 +52,98 @@ type Result struct {
 
 // Registry collects what modules contribute to a worker process. It is filled
 // before the Runtime starts and read-only after.
+//
+// Every registration has one shape: a function of the registry and the thing
+// registered, returning an error (INVALID_CONFIG for a bad or duplicate one),
+// so that a module's Register reads as one errors.Join:
+//
+//	Register: func(r *workers.Registry) error {
+//		return errors.Join(
+//			AddReconciler(r, workers.Reconciler{Kind: "item", Reconcile: reconcileItem}),
+//			workers.AddWorker(r, &ShipWorker{}),
+//			outboxworker.AddSink(r, outboxworker.Sink{Name: "audit", HandleTx: recordAudit}),
+//			backfill.Add(r, normalizeNames),
+//		)
+//	}
 type Registry struct {
 	workers     *river.Workers
 	periodic    []*river.PeriodicJob
 	reconcilers map[string]*Reconciler
 	order       []string
 	onStart     []func(ctx context.Context, rt *Runtime) error
-	kinds       map[string]bool
+	kinds       map[string]bool // every kind with a worker
+	fenced      []string        // kinds worked in shard queues, in registration order
 	parts       map[reflect.Type]any // Use
 }
 
 // NewRegistry returns an empty registry with the built-in workers.
 func NewRegistry() *Registry {
 	r := &Registry{workers: river.NewWorkers(), reconcilers: map[string]*Reconciler{}, kinds: map[string]bool{}}
-	AddWorker(r, &reconcileWorker{reg: r})
-	AddWorker(r, &resyncWorker{reg: r})
+	must(AddWorker(r, &reconcileWorker{reg: r}))
+	must(AddMaintenanceWorker(r, &resyncWorker{reg: r}))
 	return r
 }
 
-// AddWorker registers a River worker for its args kind. It panics on a kind
-// registered twice: that is a programming error found at start-up.
-func AddWorker[T river.JobArgs](r *Registry, w river.Worker[T]) {
-	var args T
-	if r.kinds[args.Kind()] {
-		panic(fmt.Sprintf("workers: a worker for job kind %q is registered twice", args.Kind()))
+func must(err error) {
+	if err != nil {
+		panic(err)
 	}
-	r.kinds[args.Kind()] = true
-	river.AddWorker(r.workers, w)
+}
+
+// AddWorker registers w, the River worker of an application's job kind, in
+// every worker process built from r. A job of this kind runs in a shard queue,
+// fenced by the shard's lease (w writes through InTx): insert it with
+// jobs.InsertForKeyTx, whose key picks the shard. The kind is recorded as
+// fenced (at migrate and at every worker start), and an insert of it into any
+// other queue, which no worker works, is refused with INVALID_ARGUMENT. It
+// returns INVALID_CONFIG for a bad kind or a kind registered twice.
+func AddWorker[T river.JobArgs](r *Registry, w river.Worker[T]) error {
+	var args T
+	return AddWorkerArgs(r, args, w)
 }
 
 // AddWorkerArgs is AddWorker for a kind read from args instead of T's zero
-// value, so that one args type can serve several kinds (a kind per backfill). It
-// panics on a kind registered twice.
-func AddWorkerArgs[T river.JobArgs](r *Registry, args T, w river.Worker[T]) {
-	if r.kinds[args.Kind()] {
-		panic(fmt.Sprintf("workers: a worker for job kind %q is registered twice", args.Kind()))
+// value, so that one args type can serve several kinds (a kind per backfill).
+func AddWorkerArgs[T river.JobArgs](r *Registry, args T, w river.Worker[T]) error {
+	if err := r.addKind(args.Kind(), w != nil); err != nil {
+		return err
 	}
-	r.kinds[args.Kind()] = true
+	r.fenced = append(r.fenced, args.Kind())
 	river.AddWorkerArgs(r.workers, args, w)
+	return nil
 }
+
+// AddMaintenanceWorker registers w for a kind of jobs.MaintenanceQueue, which
+// every worker process works whatever shards it holds: the built-in modules'
+// own jobs that are not fenced by a shard lease (outbox deliveries and
+// retention, sweeps, resyncs), which fence themselves. An application's job
+// belongs to a shard: use AddWorker.
+func AddMaintenanceWorker[T river.JobArgs](r *Registry, w river.Worker[T]) error {
+	var args T
+	if err := r.addKind(args.Kind(), w != nil); err != nil {
+		return err
+	}
+	river.AddWorker(r.workers, w)
+	return nil
+}
+
+func (r *Registry) addKind(kind string, haveWorker bool) error {
+	if kind == "" {
+		return fault.New(fault.InvalidConfig, "a job kind is empty")
+	}
+	if !haveWorker {
+		return fault.New(fault.InvalidConfig, "the worker for job kind %q is nil", kind)
+	}
+	if r.kinds[kind] {
+		return fault.New(fault.InvalidConfig, "a worker for job kind %q is registered twice", kind)
+	}
+	r.kinds[kind] = true
+	return nil
+}
+
+// FencedKinds returns the job kinds worked in shard queues (AddWorker), in
+// registration order.
+func (r *Registry) FencedKinds() []string { return append([]string(nil), r.fenced...) }
 
 // Part is a module's machinery in a registry: a value holding the module's
 // options and what applications registered with it (the outbox's sinks and
@@ -123,8 +175,14 @@ func Use[P Part](r *Registry, newP func() P) (P, error) {
 	return p, nil
 }
 
-// Periodic registers a periodic job; River's elected leader enqueues it.
-func (r *Registry) Periodic(job *river.PeriodicJob) { r.periodic = append(r.periodic, job) }
+// AddPeriodic registers a periodic job; River's elected leader enqueues it.
+func AddPeriodic(r *Registry, job *river.PeriodicJob) error {
+	if job == nil {
+		return fault.New(fault.InvalidConfig, "AddPeriodic: nil periodic job")
+	}
+	r.periodic = append(r.periodic, job)
+	return nil
+}
 
 // OnStart registers a function run when a worker Runtime has started (for
 // example, a module's own lease keeper). It runs once per start.
@@ -132,9 +190,9 @@ func (r *Registry) OnStart(f func(ctx context.Context, rt *Runtime) error) {
 	r.onStart = append(r.onStart, f)
 }
 
-// Reconciler registers a reconciler. It returns INVALID_CONFIG for a bad or
+// AddReconciler registers a reconciler. It returns INVALID_CONFIG for a bad or
 // duplicate kind or a missing Reconcile.
-func (r *Registry) Reconciler(rec Reconciler) error {
+func AddReconciler(r *Registry, rec Reconciler) error {
 	if err := jobs.ValidateKind(rec.Kind); err != nil {
 		return fault.Wrap(fault.InvalidConfig, err, "bad reconciler")
 	}

@@ -138,6 +138,13 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 			return nil, fault.New(fault.InvalidConfig, "shard %d is out of range: this deployment has %d shards (0-%d)", s, count, count-1)
 		}
 	}
+	if o.Work {
+		// Before any job of this registry can run: inserts of its fenced kinds
+		// outside the shard queues are refused from now on.
+		if err := jobs.RecordFencedKinds(ctx, o.Pool, o.Registry.FencedKinds()); err != nil {
+			return nil, err
+		}
+	}
 	rt := newRuntime(o, count)
 	if err := rt.anchor.Sample(ctx, o.Pool); err != nil && !fault.Has(err, fault.ClockSkew) {
 		return nil, err

@@ -45,8 +45,8 @@ func TestSmokeFencedWorkerAndReconcile(t *testing.T) {
 
 	var reconciles atomic.Int64
 	reg := workers.NewRegistry()
-	workers.AddWorker(reg, &bumpWorker{})
-	require.NoError(t, reg.Reconciler(workers.Reconciler{
+	require.NoError(t, workers.AddWorker(reg, &bumpWorker{}))
+	require.NoError(t, workers.AddReconciler(reg, workers.Reconciler{
 		Kind: "item",
 		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
 			reconciles.Add(1)

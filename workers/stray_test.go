@@ -37,7 +37,7 @@ func TestHolderHandsBackStrayJobs(t *testing.T) {
 	db.MustExec(t, `CREATE TABLE test_items (key text PRIMARY KEY, n int NOT NULL DEFAULT 0)`)
 	db.MustExec(t, `INSERT INTO test_items (key) VALUES ('a')`)
 	reg := workers.NewRegistry()
-	workers.AddWorker(reg, &bumpWorker{})
+	require.NoError(t, workers.AddWorker(reg, &bumpWorker{}))
 	rt := workertest.Start(t, db.Pool, reg, &workers.Options{Shards: []int{3}, LeaseTTL: 6 * time.Second, LeaseRenew: 500 * time.Millisecond})
 	workertest.WaitFor(t, 10*time.Second, "the worker holds shard 3", func() bool { return len(rt.HeldShards()) == 1 })
 	epoch := db.MustCount(t, `SELECT epoch FROM compute_leases WHERE name = 'shard/3'`)
@@ -79,7 +79,7 @@ func TestNoHandBackWithoutTheLease(t *testing.T) {
 	db := pgtest.New(t)
 	db.MustExec(t, `CREATE TABLE test_items (key text PRIMARY KEY, n int NOT NULL DEFAULT 0)`)
 	reg := workers.NewRegistry()
-	workers.AddWorker(reg, &bumpWorker{})
+	require.NoError(t, workers.AddWorker(reg, &bumpWorker{}))
 	// Another owner holds shard 4 for a long time; this worker stands by for it
 	// and holds shard 5.
 	_, err := lease.Acquire(ctx, db.Pool, workers.ShardLease(4), "the-holder", time.Minute)

@@ -277,7 +277,7 @@ func TestVotesRaceTheDeadline(t *testing.T) {
 	db := pgtest.New(t, pgtest.Options{MaxConns: 60})
 	require.NoError(t, clock.UseSim(ctx, db.Pool, t0))
 	reg := workers.NewRegistry()
-	require.NoError(t, quorumworker.Handle(reg, "k", func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error { return nil }))
+	require.NoError(t, quorumworker.AddApplier(reg, "k", func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error { return nil }))
 	workertest.Start(t, db.Pool, reg, nil)
 
 	const batches, n, q = 8, 16, 12

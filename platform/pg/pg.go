@@ -417,7 +417,8 @@ func SQLState(err error) string {
 
 // Translate gives a driver error a fault code, keeping it as the cause:
 // pgx.ErrNoRows is NOT_FOUND; exclusion, unique, serialization and deadlock
-// failures are CONFLICT; a dead connection or an unreachable server is
+// failures are CONFLICT; invalid_parameter_value (22023, raised by our SQL
+// for bad input) is INVALID_ARGUMENT; a dead connection or an unreachable server is
 // UNAVAILABLE; a refused login, a missing database or a missing table (not
 // migrated) is INVALID_CONFIG. An error that already carries a code, or nil,
 // is returned as is.
@@ -435,6 +436,10 @@ func Translate(err error) error {
 	switch st := SQLState(err); {
 	case st == "23P01" || st == "23505" || st == "40001" || st == "40P01":
 		return &fault.Error{Code: fault.Conflict, Err: err}
+	case st == "22023":
+		// invalid_parameter_value: raised by our SQL for bad input (a fenced job
+		// kind inserted outside the shard queues).
+		return &fault.Error{Code: fault.InvalidArgument, Err: err}
 	case st == "57014":
 		return &fault.Error{Code: fault.Unavailable, Message: "statement timeout", Err: err}
 	case st == "28P01" || st == "28000":

@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"embed"
 	"io/fs"
 	"os"
@@ -39,18 +40,20 @@ func Module() cli.Module {
 		Name:       "example",
 		Migrations: sub,
 		Register: func(r *workers.Registry) error {
-			workers.AddWorker(r, &taskWorker{})
-			return r.Reconciler(workers.Reconciler{
-				Kind:      "example_item",
-				Reconcile: reconcile,
-				List: func(ctx context.Context, db pg.DBTX, after string, limit int) ([]string, error) {
-					rows, err := db.Query(ctx, `SELECT id FROM example_items WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
-					if err != nil {
-						return nil, err
-					}
-					return pgx.CollectRows(rows, pgx.RowTo[string])
-				},
-			})
+			return errors.Join(
+				workers.AddWorker(r, &taskWorker{}),
+				workers.AddReconciler(r, workers.Reconciler{
+					Kind:      "example_item",
+					Reconcile: reconcile,
+					List: func(ctx context.Context, db pg.DBTX, after string, limit int) ([]string, error) {
+						rows, err := db.Query(ctx, `SELECT id FROM example_items WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
+						if err != nil {
+							return nil, err
+						}
+						return pgx.CollectRows(rows, pgx.RowTo[string])
+					},
+				}),
+			)
 		},
 	}
 }
@@ -115,12 +118,8 @@ func (w *taskWorker) Work(ctx context.Context, job *river.Job[Task]) error {
 	})
 }
 
-// InsertTask enqueues task id in the shard queue its id picks, in tx.
-func InsertTask(ctx context.Context, tx pgx.Tx, id string) error {
-	queue, err := jobs.ShardQueueOfTx(ctx, tx, id)
-	if err != nil {
-		return err
-	}
-	_, err = jobs.InsertTx(ctx, tx, Task{ID: id}, &river.InsertOpts{Queue: queue})
+// InsertTaskTx enqueues task id in tx, in the shard queue its id picks.
+func InsertTaskTx(ctx context.Context, tx pgx.Tx, id string) error {
+	_, err := jobs.InsertForKeyTx(ctx, tx, id, Task{ID: id}, nil)
 	return err
 }

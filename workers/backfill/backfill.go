@@ -131,9 +131,9 @@ func setOf(r *workers.Registry) *set {
 //
 //	func Module() cli.Module {
 //		return cli.Module{Name: "inventory", Migrations: …,
-//			Register: func(r *workers.Registry) error { return backfill.Register(r, NormalizeNames) }}
+//			Register: func(r *workers.Registry) error { return backfill.Add(r, NormalizeNames) }}
 //	}
-func Register(r *workers.Registry, b Backfill) error {
+func Add(r *workers.Registry, b Backfill) error {
 	if err := b.Validate(); err != nil {
 		return err
 	}
@@ -142,7 +142,9 @@ func Register(r *workers.Registry, b Backfill) error {
 		return fault.New(fault.InvalidConfig, "backfill %s is registered twice", b.Name)
 	}
 	b = b.withDefaults()
-	workers.AddWorkerArgs(r, jobs.Backfill{Name: b.Name}, &worker{b: b})
+	if err := workers.AddWorkerArgs(r, jobs.Backfill{Name: b.Name}, &worker{b: b}); err != nil {
+		return err
+	}
 	s.byName[b.Name] = b
 	s.order = append(s.order, b.Name)
 	return nil

@@ -455,15 +455,15 @@ func TestRegisterRejectsBadBackfills(t *testing.T) {
 		{"negative rate", Backfill{Name: "x", Batch: ok, MaxRowsPerSecond: -1}, "MaxRowsPerSecond"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := Register(workers.NewRegistry(), tc.b)
+			err := Add(workers.NewRegistry(), tc.b)
 			require.True(t, fault.Has(err, fault.InvalidConfig), "%v", err)
 			require.Contains(t, err.Error(), tc.want)
 		})
 	}
 	reg := workers.NewRegistry()
-	require.NoError(t, Register(reg, Backfill{Name: "b_second", Batch: ok}))
-	require.NoError(t, Register(reg, Backfill{Name: "a_first", Batch: ok, BatchSize: 10}))
-	err := Register(reg, Backfill{Name: "a_first", Batch: ok})
+	require.NoError(t, Add(reg, Backfill{Name: "b_second", Batch: ok}))
+	require.NoError(t, Add(reg, Backfill{Name: "a_first", Batch: ok, BatchSize: 10}))
+	err := Add(reg, Backfill{Name: "a_first", Batch: ok})
 	require.True(t, fault.Has(err, fault.InvalidConfig), "%v", err)
 	require.Contains(t, err.Error(), "registered twice")
 

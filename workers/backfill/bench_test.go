@@ -77,7 +77,7 @@ WHERE id = ANY (ARRAY(SELECT id FROM %[1]s WHERE filled IS NULL ORDER BY id LIMI
 			},
 		}
 		reg := workers.NewRegistry()
-		if err := Register(reg, bk); err != nil {
+		if err := Add(reg, bk); err != nil {
 			b.Fatal(err)
 		}
 		rt := workertest.Start(b, db.Pool, reg, &workers.Options{PollInterval: poll, WorkersPerShard: 8})

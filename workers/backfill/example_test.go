@@ -13,7 +13,7 @@ import (
 
 // An application registers its backfill in its module's Register function;
 // operators then run it with better-compute backfill start NAME.
-func ExampleRegister() {
+func ExampleAdd() {
 	normalizeNames := backfill.Backfill{
 		Name:      "inventory_normalized_name",
 		BatchSize: 1000,
@@ -37,7 +37,7 @@ WHERE id = ANY (ARRAY(
 	module := cli.Module{
 		Name: "inventory",
 		Register: func(r *workers.Registry) error {
-			return backfill.Register(r, normalizeNames)
+			return backfill.Add(r, normalizeNames)
 		},
 	}
 	_ = module // cli.Main(cli.App{Modules: []cli.Module{module}})

@@ -105,7 +105,7 @@ func registry(t testing.TB, bs ...Backfill) *workers.Registry {
 	t.Helper()
 	reg := workers.NewRegistry()
 	for _, b := range bs {
-		require.NoError(t, Register(reg, b))
+		require.NoError(t, Add(reg, b))
 	}
 	return reg
 }

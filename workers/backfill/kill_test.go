@@ -74,7 +74,7 @@ func runChild(mode string) int {
 		return rows, nil
 	}
 	reg := workers.NewRegistry()
-	if err := Register(reg, b); err != nil {
+	if err := Add(reg, b); err != nil {
 		return fail(err)
 	}
 	shards := make([]int, testShards)

@@ -77,15 +77,17 @@ func Register(reg *workers.Registry, o *Options) error {
 	if opts.SimPoll <= 0 {
 		opts.SimPoll = time.Second
 	}
-	workers.AddWorker(reg, &HoldExpiryWorker{maxSnooze: opts.MaxSnooze, simPoll: opts.SimPoll})
-	workers.AddWorker(reg, &SweepWorker{grace: opts.Grace})
-	if opts.SweepEvery > 0 {
-		reg.Periodic(river.NewPeriodicJob(river.PeriodicInterval(opts.SweepEvery),
-			func() (river.JobArgs, *river.InsertOpts) {
-				return jobs.CapacityExpirySweep{}, &river.InsertOpts{Queue: jobs.MaintenanceQueue}
-			}, &river.PeriodicJobOpts{ID: jobs.CapacityExpirySweepKind}))
+	err := errors.Join(
+		workers.AddWorker(reg, &HoldExpiryWorker{maxSnooze: opts.MaxSnooze, simPoll: opts.SimPoll}),
+		workers.AddMaintenanceWorker(reg, &SweepWorker{grace: opts.Grace}),
+	)
+	if err != nil || opts.SweepEvery <= 0 {
+		return err
 	}
-	return nil
+	return workers.AddPeriodic(reg, river.NewPeriodicJob(river.PeriodicInterval(opts.SweepEvery),
+		func() (river.JobArgs, *river.InsertOpts) {
+			return jobs.CapacityExpirySweep{}, &river.InsertOpts{Queue: jobs.MaintenanceQueue}
+		}, &river.PeriodicJobOpts{ID: jobs.CapacityExpirySweepKind}))
 }
 
 // HoldExpiryWorker works jobs.CapacityHoldExpiry.

@@ -61,7 +61,7 @@ func BenchmarkSinkThroughput(b *testing.B) {
 		var mu sync.Mutex
 		var first, last time.Time
 		delivered := 0
-		require.NoError(b, RegisterSink(reg, Sink{Name: "noop", BatchSize: 1000, Handle: func(_ context.Context, evs []Event) error {
+		require.NoError(b, AddSink(reg, Sink{Name: "noop", BatchSize: 1000, Handle: func(_ context.Context, evs []Event) error {
 			mu.Lock()
 			defer mu.Unlock()
 			if first.IsZero() {
@@ -106,7 +106,7 @@ func BenchmarkCommitToDelivery(b *testing.B) {
 		var committed, delivered sync.Map // key -> time
 		var count atomic.Int64
 		reg := workers.NewRegistry()
-		require.NoError(b, RegisterSink(reg, Sink{Name: "latency", Handle: func(_ context.Context, evs []Event) error {
+		require.NoError(b, AddSink(reg, Sink{Name: "latency", Handle: func(_ context.Context, evs []Event) error {
 			now := time.Now()
 			for _, e := range evs {
 				if _, dup := delivered.LoadOrStore(e.Key, now); !dup {

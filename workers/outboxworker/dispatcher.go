@@ -80,7 +80,7 @@ type passRun struct {
 var dispatcherNameRe = regexp.MustCompile(`^[a-z][a-z0-9_.:-]{0,62}$`)
 
 // NewDispatcher validates o and returns the dispatcher; nothing runs until it is
-// registered (RegisterDispatcher) in a worker registry or Reconcile is called.
+// registered (AddDispatcher) in a worker registry or Reconcile is called.
 // It sends no query: a bad table or column name fails here with INVALID_CONFIG
 // "invalid outbox table …" or "invalid outbox … column …".
 func NewDispatcher[T any](o DispatcherOptions[T]) (*Dispatcher[T], error) {
@@ -132,12 +132,12 @@ func (d *Dispatcher[T]) timeout() time.Duration {
 // maintenance worker for ever.
 const passBudget = 30 * time.Second
 
-// RegisterDispatcher registers d in reg: every worker process runs its passes as
+// AddDispatcher registers d in reg: every worker process runs its passes as
 // River jobs (kind outbox_dispatch, maintenance queue), on Notify and every
 // ReconcileInterval. It returns INVALID_CONFIG for a name registered twice.
-func RegisterDispatcher[T any](reg *workers.Registry, d *Dispatcher[T]) error {
+func AddDispatcher[T any](reg *workers.Registry, d *Dispatcher[T]) error {
 	if d == nil {
-		return fault.New(fault.InvalidConfig, "RegisterDispatcher: nil dispatcher")
+		return fault.New(fault.InvalidConfig, "AddDispatcher: nil dispatcher")
 	}
 	st := stateOf(reg)
 	st.mu.Lock()
@@ -148,11 +148,10 @@ func RegisterDispatcher[T any](reg *workers.Registry, d *Dispatcher[T]) error {
 	st.dispatchers[d.o.Name] = d
 	st.mu.Unlock()
 	name := d.o.Name
-	reg.Periodic(river.NewPeriodicJob(river.PeriodicInterval(d.o.ReconcileInterval),
+	return workers.AddPeriodic(reg, river.NewPeriodicJob(river.PeriodicInterval(d.o.ReconcileInterval),
 		func() (river.JobArgs, *river.InsertOpts) {
 			return jobs.OutboxDispatch{Dispatcher: name}, dispatchOpts()
 		}, &river.PeriodicJobOpts{RunOnStart: true}))
-	return nil
 }
 
 func dispatchOpts() *river.InsertOpts {

@@ -357,7 +357,7 @@ func TestDispatcherTwoReplicas(t *testing.T) {
 				return nil
 			}})
 		reg := workers.NewRegistry()
-		require.NoError(t, RegisterDispatcher(reg, d))
+		require.NoError(t, AddDispatcher(reg, d))
 		workertest.Start(t, p, reg, nil)
 		ds = append(ds, d)
 	}
@@ -409,8 +409,8 @@ func TestDispatcherNotifyRunsAPassAsARiverJob(t *testing.T) {
 	d := newStockDispatcher(t, DispatcherOptions[report]{ReconcileInterval: time.Hour,
 		Publish: func(ctx context.Context, r report) error { published.Add(1); return nil }})
 	reg := workers.NewRegistry()
-	require.NoError(t, RegisterDispatcher(reg, d))
-	require.ErrorContains(t, RegisterDispatcher(reg, d), "registered twice")
+	require.NoError(t, AddDispatcher(reg, d))
+	require.ErrorContains(t, AddDispatcher(reg, d), "registered twice")
 	workertest.Start(t, db.Pool, reg, nil)
 	workertest.WaitFor(t, 10*time.Second, "the start-up pass ran", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'outbox_dispatch' AND state = 'completed'`) == 1

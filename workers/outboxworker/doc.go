@@ -3,7 +3,7 @@
 //
 // # Sinks (the event log)
 //
-// RegisterSink adds a named consumer of the event log to a worker registry.
+// AddSink adds a named consumer of the event log to a worker registry.
 // Every worker process then
 //
 //   - creates the sink's state at start (its cursor at Sink.From),
@@ -31,7 +31,7 @@
 // # Table dispatchers
 //
 // NewDispatcher defines a dispatcher over an application-owned outbox table
-// (seed 003's "Deliver an outbox"); RegisterDispatcher runs its passes as River
+// (seed 003's "Deliver an outbox"); AddDispatcher runs its passes as River
 // jobs (outbox_dispatch, maintenance queue) every ReconcileInterval and on
 // Notify. A pass claims batches until no row is due; Reconcile runs one in the
 // calling process and returns the count (a call while a pass of the same

@@ -17,9 +17,9 @@ import (
 
 // A sink receives every event of its topics, in order, at least once: the
 // receiver drops a repeat by the event's ID.
-func ExampleRegisterSink() {
+func ExampleAddSink() {
 	reg := workers.NewRegistry() // in an application: a cli.Module's Register
-	err := outboxworker.RegisterSink(reg, outboxworker.Sink{
+	err := outboxworker.AddSink(reg, outboxworker.Sink{
 		Name:   "billing",
 		Topics: []string{"usage.recorded"},
 		Handle: func(ctx context.Context, events []outboxworker.Event) error {
@@ -36,7 +36,7 @@ func ExampleRegisterSink() {
 }
 
 // Append writes events in the transaction that changes the state they report.
-func ExampleRegisterSink_append() {
+func ExampleAddSink_append() {
 	ctx := context.Background()
 	var db *pg.Pool // the application's pool
 	if db == nil {
@@ -95,7 +95,7 @@ func ExampleNewDispatcher() {
 		panic(err)
 	}
 	reg := workers.NewRegistry() // in an application: a cli.Module's Register
-	if err := outboxworker.RegisterDispatcher(reg, stockReports); err != nil {
+	if err := outboxworker.AddDispatcher(reg, stockReports); err != nil {
 		panic(err)
 	}
 

@@ -70,7 +70,7 @@ func runChild(mode, url string) int {
 		if err := Configure(reg, Options{PollEvery: 20 * time.Millisecond}); err != nil {
 			panic(err)
 		}
-		if err := RegisterSink(reg, Sink{Name: "s", Handle: recordReceived(db, "child")}); err != nil {
+		if err := AddSink(reg, Sink{Name: "s", Handle: recordReceived(db, "child")}); err != nil {
 			panic(err)
 		}
 		st := stateOf(reg)

@@ -2,6 +2,7 @@ package outboxworker
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"sync"
 	"time"
@@ -85,8 +86,8 @@ func stateOf(reg *workers.Registry) *state {
 
 // Install adds the outbox machinery to reg: the sink delivery worker, the
 // dispatcher pass worker, the periodic retention job, and the start hook that
-// creates sink state and polls idle sinks. It is idempotent; RegisterSink and
-// RegisterDispatcher call it. The built-in outbox module installs it in every
+// creates sink state and polls idle sinks. It is idempotent; AddSink and
+// AddDispatcher call it. The built-in outbox module installs it in every
 // worker process, so retention runs even with no sink.
 func Install(reg *workers.Registry) { stateOf(reg) }
 
@@ -114,15 +115,16 @@ func (st *state) options() Options {
 
 // Install implements workers.Part.
 func (st *state) Install(reg *workers.Registry) error {
-	workers.AddWorker(reg, &deliverWorker{st: st})
-	workers.AddWorker(reg, &retentionWorker{st: st})
-	workers.AddWorker(reg, &dispatchWorker{st: st})
-	reg.Periodic(river.NewPeriodicJob(retentionSchedule{st},
-		func() (river.JobArgs, *river.InsertOpts) {
-			return jobs.OutboxRetention{}, &river.InsertOpts{Queue: jobs.MaintenanceQueue, Tags: []string{"outbox"}}
-		}, nil))
 	reg.OnStart(st.start)
-	return nil
+	return errors.Join(
+		workers.AddMaintenanceWorker(reg, &deliverWorker{st: st}),
+		workers.AddMaintenanceWorker(reg, &retentionWorker{st: st}),
+		workers.AddMaintenanceWorker(reg, &dispatchWorker{st: st}),
+		workers.AddPeriodic(reg, river.NewPeriodicJob(retentionSchedule{st},
+			func() (river.JobArgs, *river.InsertOpts) {
+				return jobs.OutboxRetention{}, &river.InsertOpts{Queue: jobs.MaintenanceQueue, Tags: []string{"outbox"}}
+			}, nil)),
+	)
 }
 
 // retentionSchedule runs retention every RetentionEvery, read at each run so

@@ -23,8 +23,8 @@ func TestRetentionJobPrunesWhatEverySinkPassed(t *testing.T) {
 	require.NoError(t, Configure(reg, Options{PollEvery: 20 * time.Millisecond, Retain: time.Nanosecond,
 		RetentionEvery: 100 * time.Millisecond, RetentionBatch: 3}))
 	var fast, slow collector
-	require.NoError(t, RegisterSink(reg, Sink{Name: "fast", Handle: fast.handle}))
-	require.NoError(t, RegisterSink(reg, Sink{Name: "slow", Handle: slow.handle}))
+	require.NoError(t, AddSink(reg, Sink{Name: "fast", Handle: fast.handle}))
+	require.NoError(t, AddSink(reg, Sink{Name: "slow", Handle: slow.handle}))
 	require.NoError(t, EnsureSinks(ctx, db.Pool, reg))
 	require.NoError(t, dom.PauseSink(ctx, db.Pool, "slow"))
 	ids := appendEvents(t, db.Pool, "t", 10)

@@ -48,19 +48,19 @@ type Sink struct {
 	Timeout time.Duration
 }
 
-// RegisterSink registers a sink in reg, for every worker process built from it:
+// AddSink registers a sink in reg, for every worker process built from it:
 // each process creates the sink's state at start and polls it; deliveries run as
 // River jobs (kind outbox_deliver) in the maintenance queue. It returns
 // INVALID_CONFIG for a bad or duplicate name or a missing handler.
 //
-//	err := outboxw.RegisterSink(reg, outboxw.Sink{
+//	err := outboxw.AddSink(reg, outboxw.Sink{
 //		Name: "billing",
 //		Topics: []string{"usage.recorded"},
 //		Handle: func(ctx context.Context, events []outboxw.Event) error {
 //			return billing.Record(ctx, events) // idempotent by event.ID
 //		},
 //	})
-func RegisterSink(reg *workers.Registry, s Sink) error {
+func AddSink(reg *workers.Registry, s Sink) error {
 	if err := dom.ValidateSinkName(s.Name); err != nil {
 		return err
 	}

@@ -70,8 +70,8 @@ func TestSinkDeliversEveryEventInOrder(t *testing.T) {
 	db := newDB(t)
 	reg := fastRegistry(t)
 	var all, orders collector
-	require.NoError(t, RegisterSink(reg, Sink{Name: "all", BatchSize: 7, Handle: all.handle}))
-	require.NoError(t, RegisterSink(reg, Sink{Name: "orders-only", Topics: []string{"orders"}, Handle: orders.handle}))
+	require.NoError(t, AddSink(reg, Sink{Name: "all", BatchSize: 7, Handle: all.handle}))
+	require.NoError(t, AddSink(reg, Sink{Name: "orders-only", Topics: []string{"orders"}, Handle: orders.handle}))
 	workertest.Start(t, db.Pool, reg, steadyLeases)
 
 	var wg sync.WaitGroup
@@ -138,8 +138,8 @@ func TestFailingSinkIsRetriedWithoutHoldingBackOthers(t *testing.T) {
 		return nil
 	}}
 	var steady collector
-	require.NoError(t, RegisterSink(reg, Sink{Name: "flaky", Handle: flaky.handle}))
-	require.NoError(t, RegisterSink(reg, Sink{Name: "steady", Handle: steady.handle}))
+	require.NoError(t, AddSink(reg, Sink{Name: "flaky", Handle: flaky.handle}))
+	require.NoError(t, AddSink(reg, Sink{Name: "steady", Handle: steady.handle}))
 	workertest.Start(t, db.Pool, reg, steadyLeases)
 	ids := appendEvents(t, db.Pool, "t", 5)
 
@@ -171,8 +171,8 @@ func TestPausedSinkWaitsAndResumes(t *testing.T) {
 	db := newDB(t)
 	reg := fastRegistry(t)
 	var paused, canary collector
-	require.NoError(t, RegisterSink(reg, Sink{Name: "paused", Handle: paused.handle}))
-	require.NoError(t, RegisterSink(reg, Sink{Name: "canary", Handle: canary.handle}))
+	require.NoError(t, AddSink(reg, Sink{Name: "paused", Handle: paused.handle}))
+	require.NoError(t, AddSink(reg, Sink{Name: "canary", Handle: canary.handle}))
 	workertest.Start(t, db.Pool, reg, steadyLeases)
 	workertest.WaitFor(t, 10*time.Second, "sink state created", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM compute_sinks`) == 2
@@ -204,7 +204,7 @@ func TestKill9BetweenDeliveryAndCursorAdvance(t *testing.T) {
 	c.kill9(t)
 
 	reg := fastRegistry(t)
-	require.NoError(t, RegisterSink(reg, Sink{Name: "s", Handle: recordReceived(db.Pool, "parent")}))
+	require.NoError(t, AddSink(reg, Sink{Name: "s", Handle: recordReceived(db.Pool, "parent")}))
 	workertest.Start(t, db.Pool, reg, nil)
 	workertest.WaitFor(t, 30*time.Second, "cursor at the end", func() bool { return sinkCursor(t, db.Pool, "s") == ids[4] })
 	require.Equal(t, ids, receivedBy(t, db.Pool, "parent"), "the same batch again, in order")
@@ -240,20 +240,20 @@ func TestPausedSinkOwnerThatLostItsLeaseCannotAdvance(t *testing.T) {
 	// Nothing is lost: the next owner delivers the batch.
 	require.NoError(t, lease.Release(ctx, db.Pool, intruder))
 	reg := fastRegistry(t)
-	require.NoError(t, RegisterSink(reg, Sink{Name: "s", Handle: recordReceived(db.Pool, "parent")}))
+	require.NoError(t, AddSink(reg, Sink{Name: "s", Handle: recordReceived(db.Pool, "parent")}))
 	workertest.Start(t, db.Pool, reg, nil)
 	workertest.WaitFor(t, 30*time.Second, "cursor at the end", func() bool { return sinkCursor(t, db.Pool, "s") == ids[2] })
 	require.Equal(t, ids, receivedBy(t, db.Pool, "parent"))
 }
 
-func TestRegisterSinkValidates(t *testing.T) {
+func TestAddSinkValidates(t *testing.T) {
 	t.Parallel()
 	reg := workers.NewRegistry()
 	h := func(context.Context, []Event) error { return nil }
-	require.ErrorContains(t, RegisterSink(reg, Sink{Name: "Bad", Handle: h}), "invalid sink name")
-	require.ErrorContains(t, RegisterSink(reg, Sink{Name: "nohandler"}), "no Handle")
-	require.NoError(t, RegisterSink(reg, Sink{Name: "ok", Handle: h}))
-	require.ErrorContains(t, RegisterSink(reg, Sink{Name: "ok", Handle: h}), "registered twice")
+	require.ErrorContains(t, AddSink(reg, Sink{Name: "Bad", Handle: h}), "invalid sink name")
+	require.ErrorContains(t, AddSink(reg, Sink{Name: "nohandler"}), "no Handle")
+	require.NoError(t, AddSink(reg, Sink{Name: "ok", Handle: h}))
+	require.ErrorContains(t, AddSink(reg, Sink{Name: "ok", Handle: h}), "registered twice")
 	require.Equal(t, []string{"ok"}, Sinks(reg))
 	require.ErrorContains(t, Configure(reg, Options{PollEvery: -1}), "negative")
 }

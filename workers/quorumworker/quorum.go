@@ -81,9 +81,10 @@ func (a *appliers) get(kind string) Applier {
 
 // Install implements workers.Part: the apply and expiry workers.
 func (a *appliers) Install(reg *workers.Registry) error {
-	workers.AddWorker(reg, &ApplyWorker{appliers: a})
-	workers.AddWorker(reg, &ExpiryWorker{maxSnooze: a.opts.MaxSnooze, simPoll: a.opts.SimPoll})
-	return nil
+	return errors.Join(
+		workers.AddWorker(reg, &ApplyWorker{appliers: a}),
+		workers.AddWorker(reg, &ExpiryWorker{maxSnooze: a.opts.MaxSnooze, simPoll: a.opts.SimPoll}),
+	)
 }
 
 // partOf returns reg's quorum machinery, installing it with o (nil for the
@@ -114,7 +115,7 @@ func Register(reg *workers.Registry, o *Options) error {
 // Handle registers the applier of batches of kind on reg (adding the quorum
 // workers if they are not there yet). It returns INVALID_CONFIG for a bad kind,
 // a nil applier, or a kind that already has one.
-func Handle(reg *workers.Registry, kind string, fn Applier) error {
+func AddApplier(reg *workers.Registry, kind string, fn Applier) error {
 	if err := jobs.ValidateKind(kind); err != nil {
 		return fault.Wrap(fault.InvalidConfig, err, "quorum applier")
 	}

@@ -78,7 +78,7 @@ func TestApplyOnce(t *testing.T) {
 	db.MustExec(t, effectsSQL)
 	reg := workers.NewRegistry()
 	require.NoError(t, quorumworker.Register(reg, nil))
-	require.NoError(t, quorumworker.Handle(reg, "effects", recordEffects))
+	require.NoError(t, quorumworker.AddApplier(reg, "effects", recordEffects))
 	workertest.Start(t, db.Pool, reg, nil)
 
 	id := commitBatch(t, db.Pool, "effects", []any{"x", "y", "z"}, time.Now().Add(time.Hour))
@@ -111,13 +111,13 @@ func TestApplyOnce(t *testing.T) {
 func TestHandle(t *testing.T) {
 	t.Parallel()
 	reg := workers.NewRegistry()
-	require.NoError(t, quorumworker.Handle(reg, "a", recordEffects))
+	require.NoError(t, quorumworker.AddApplier(reg, "a", recordEffects))
 	require.NoError(t, quorumworker.Register(reg, nil), "Register after Handle reuses the workers")
-	require.True(t, fault.Has(quorumworker.Handle(reg, "a", recordEffects), fault.InvalidConfig), "a second applier for a kind")
-	require.True(t, fault.Has(quorumworker.Handle(reg, "Not A Kind", recordEffects), fault.InvalidConfig))
-	require.True(t, fault.Has(quorumworker.Handle(reg, "b", nil), fault.InvalidConfig))
+	require.True(t, fault.Has(quorumworker.AddApplier(reg, "a", recordEffects), fault.InvalidConfig), "a second applier for a kind")
+	require.True(t, fault.Has(quorumworker.AddApplier(reg, "Not A Kind", recordEffects), fault.InvalidConfig))
+	require.True(t, fault.Has(quorumworker.AddApplier(reg, "b", nil), fault.InvalidConfig))
 	// Another registry has appliers of its own.
-	require.NoError(t, quorumworker.Handle(workers.NewRegistry(), "a", recordEffects))
+	require.NoError(t, quorumworker.AddApplier(workers.NewRegistry(), "a", recordEffects))
 }
 
 // TestExpiryJobUnderTheSimClock: the expiry job, scheduled for the deadline in
@@ -170,7 +170,7 @@ func runKillChild(url string) int {
 		return fail(err)
 	}
 	reg := workers.NewRegistry()
-	err = quorumworker.Handle(reg, "effects", func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
+	err = quorumworker.AddApplier(reg, "effects", func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
 		if err := recordEffects(ctx, tx, b); err != nil {
 			return err
 		}
@@ -247,7 +247,7 @@ func TestKillDuringApply(t *testing.T) {
 	// Another worker takes the shard over (once the child's lease expires),
 	// hands the running job back, and applies the batch.
 	reg := workers.NewRegistry()
-	require.NoError(t, quorumworker.Handle(reg, "effects", recordEffects))
+	require.NoError(t, quorumworker.AddApplier(reg, "effects", recordEffects))
 	workertest.Start(t, db.Pool, reg, nil)
 	workertest.WaitFor(t, 60*time.Second, "the batch applied by the new worker", func() bool {
 		b, err := quorum.Get(ctx, db.Pool, id)

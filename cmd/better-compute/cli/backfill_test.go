@@ -223,7 +223,7 @@ CREATE TABLE verbs_items (id bigint PRIMARY KEY, a int, b int);
 CREATE INDEX verbs_items_no_a ON verbs_items (id) WHERE a IS NULL;
 INSERT INTO verbs_items (id) SELECT g FROM generate_series(1, 500) g;`)}},
 		Register: func(r *workers.Registry) error {
-			err := backfill.Register(r, backfill.Backfill{
+			err := backfill.Add(r, backfill.Backfill{
 				Name:      "alpha_fill",
 				BatchSize: 100,
 				Batch: func(ctx context.Context, tx pgx.Tx, n int) (int, error) {
@@ -240,7 +240,7 @@ INSERT INTO verbs_items (id) SELECT g FROM generate_series(1, 500) g;`)}},
 			if err != nil {
 				return err
 			}
-			return backfill.Register(r, backfill.Backfill{
+			return backfill.Add(r, backfill.Backfill{
 				Name: "beta_fill",
 				Batch: func(ctx context.Context, tx pgx.Tx, n int) (int, error) {
 					return 0, errors.New("beta is broken: column b is cursed")

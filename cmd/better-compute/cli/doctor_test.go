@@ -183,7 +183,7 @@ func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	app := cli.App{Modules: []cli.Module{{Name: "things", Register: func(r *workers.Registry) error {
-		return r.Reconciler(workers.Reconciler{Kind: "thing", Reconcile: func(context.Context, pgx.Tx, string) (workers.Result, error) {
+		return workers.AddReconciler(r, workers.Reconciler{Kind: "thing", Reconcile: func(context.Context, pgx.Tx, string) (workers.Result, error) {
 			return workers.Result{}, nil
 		}})
 	}}}}

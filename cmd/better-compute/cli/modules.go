@@ -17,8 +17,8 @@ func builtinModules() []Module {
 			// The outbox machinery runs in every worker process: sink delivery,
 			// table dispatcher passes, and retention of the event log (which runs
 			// even without a sink, keeping the replay window). Applications add
-			// sinks and dispatchers from their own modules (outboxworker.RegisterSink,
-			// outboxworker.RegisterDispatcher) and options (outboxworker.Configure).
+			// sinks and dispatchers from their own modules (outboxworker.AddSink,
+			// outboxworker.AddDispatcher) and options (outboxworker.Configure).
 			Register: func(r *workers.Registry) error {
 				outboxworker.Install(r)
 				return nil

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/config"
 	"github.com/bettercompute/bettercompute/platform/embedded"
 	"github.com/bettercompute/bettercompute/platform/fault"
@@ -127,7 +128,8 @@ func (s *Session) Migrate(ctx context.Context) (*migrate.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.Registry(); err != nil {
+	reg, err := s.Registry()
+	if err != nil {
 		return nil, err
 	}
 	p, err := s.Pool(ctx)
@@ -145,6 +147,9 @@ func (s *Session) Migrate(ctx context.Context) (*migrate.Result, error) {
 	}
 	stored, err := migrate.InitSettings(ctx, p, s.Config.ShardCount)
 	if err != nil {
+		return res, err
+	}
+	if err := jobs.RecordFencedKinds(ctx, p, reg.FencedKinds()); err != nil {
 		return res, err
 	}
 	if stored != s.Config.ShardCount {

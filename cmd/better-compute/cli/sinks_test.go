@@ -168,7 +168,7 @@ func TestSinksResetRefusesAPrunedPosition(t *testing.T) {
 // billingApp is an application whose module registers the sink billing.
 func billingApp() cli.App {
 	return cli.App{Modules: []cli.Module{{Name: "billing", Register: func(r *workers.Registry) error {
-		return outboxworker.RegisterSink(r, outboxworker.Sink{Name: "billing", Handle: func(context.Context, []outboxworker.Event) error { return nil }})
+		return outboxworker.AddSink(r, outboxworker.Sink{Name: "billing", Handle: func(context.Context, []outboxworker.Event) error { return nil }})
 	}}}}
 }
 

@@ -88,7 +88,7 @@ func TestMigrateValidatesModulesFirst(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t, pgtest.Options{Empty: true})
 	bad := cli.App{Modules: []cli.Module{{Name: "bad", Register: func(r *workers.Registry) error {
-		return r.Reconciler(workers.Reconciler{Kind: "broken"})
+		return workers.AddReconciler(r, workers.Reconciler{Kind: "broken"})
 	}}}}
 	r := clitest.Run(t, context.Background(), bad, dbEnv(db), "migrate")
 	require.Equal(t, 1, r.Code)

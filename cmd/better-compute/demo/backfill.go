@@ -50,7 +50,7 @@ func demoBackfillModule() cli.Module {
 		Dev: func(ctx context.Context, db *pg.Pool, log zerolog.Logger) {
 			runBackfillDemo(ctx, log, db, 5*time.Second, time.Minute)
 		},
-		Register: func(r *workers.Registry) error { return backfill.Register(r, demoGreetings()) },
+		Register: func(r *workers.Registry) error { return backfill.Add(r, demoGreetings()) },
 	}
 }
 

@@ -28,7 +28,7 @@ func demoModule() cli.Module {
 			runDemo(ctx, log, db, 500*time.Millisecond)
 		},
 		Register: func(r *workers.Registry) error {
-			return r.Reconciler(workers.Reconciler{
+			return workers.AddReconciler(r, workers.Reconciler{
 				Kind: DemoReconciler,
 				Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
 					_, err := tx.Exec(ctx, `UPDATE demo_counters SET reconciled = value, reconciled_at = compute_now() WHERE id = $1`, key)

@@ -69,7 +69,7 @@ func outboxModule(confirmations *outboxworker.Dispatcher[demoConfirmation]) cli.
 			runOutboxDemo(ctx, log, db, confirmations, 2*time.Second)
 		},
 		Register: func(r *workers.Registry) error {
-			if err := outboxworker.RegisterSink(r, outboxworker.Sink{
+			if err := outboxworker.AddSink(r, outboxworker.Sink{
 				Name:   "demo_log",
 				Topics: []string{DemoOutboxTopic},
 				Handle: func(ctx context.Context, events []outboxworker.Event) error {
@@ -83,7 +83,7 @@ func outboxModule(confirmations *outboxworker.Dispatcher[demoConfirmation]) cli.
 			}); err != nil {
 				return err
 			}
-			return outboxworker.RegisterDispatcher(r, confirmations)
+			return outboxworker.AddDispatcher(r, confirmations)
 		},
 	}
 }

@@ -78,7 +78,7 @@ func Module(release int) cli.Module {
 		Migrations: upTo{sub, last},
 		Register: func(r *workers.Registry) error {
 			if release == 2 || release == 3 {
-				return backfill.Register(r, NormalizeNames)
+				return backfill.Add(r, NormalizeNames)
 			}
 			return nil
 		},
