@@ -50,6 +50,7 @@ func riverJobStatements() map[string]string {
 		"countRunningLongerSQL":        countRunningLongerSQL,
 		"countRunningSQL":              countRunningSQL,
 		"dueByQueueSQL":                dueByQueueSQL,
+		"waitingOutsideSQL":            waitingOutsideSQL,
 		"runningByAttempterSQL":        runningByAttempterSQL,
 	}
 }

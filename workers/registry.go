@@ -71,8 +71,8 @@ type Registry struct {
 	reconcilers map[string]*Reconciler
 	order       []string
 	onStart     []func(ctx context.Context, rt *Runtime) error
-	kinds       map[string]bool // every kind with a worker
-	fenced      []string        // kinds worked in shard queues, in registration order
+	kinds       map[string]bool      // every kind with a worker
+	fenced      []string             // kinds worked in shard queues, in registration order
 	parts       map[reflect.Type]any // Use
 }
 

@@ -10,8 +10,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"embed"
+	"errors"
 	"io/fs"
 	"os"
 	"strconv"

@@ -31,7 +31,7 @@ func (s *Session) doctorWork(ctx context.Context, db *pg.Pool, r *report, now ti
 	holder := s.doctorLeases(ctx, db, r, now, count)
 	s.doctorRunning(ctx, db, r)
 	s.doctorStrays(ctx, db, r, now, holder)
-	s.doctorQueues(ctx, db, r)
+	s.doctorQueues(ctx, db, r, count)
 	s.doctorReconcilers(ctx, db, r)
 }
 
@@ -140,9 +140,25 @@ func (s *Session) doctorRunning(ctx context.Context, db *pg.Pool, r *report) {
 	r.add(name, true, "%d jobs running, none for more than %s", running, StuckAfter)
 }
 
-// doctorQueues checks the queues' depth: what waits, and for how long.
-func (s *Session) doctorQueues(ctx context.Context, db *pg.Pool, r *report) {
+// doctorQueues checks the queues' depth: what waits, and for how long; and
+// that nothing waits in a queue no worker works (River's default queue, a shard
+// beyond the count), where it would wait for ever.
+func (s *Session) doctorQueues(ctx context.Context, db *pg.Pool, r *report, shardCount int) {
 	const name = "queues"
+	stranded, err := jobs.WaitingOutside(ctx, db, jobs.WorkedQueues(shardCount))
+	if err != nil {
+		r.fail(name, err, "")
+		return
+	}
+	if len(stranded) > 0 {
+		var parts []string
+		for _, q := range stranded {
+			parts = append(parts, fmt.Sprintf("%s: %s", q.Queue, plural(int(q.Jobs), "job")))
+		}
+		r.add(name, false, "jobs wait in queues no worker works, and will never run: %s (workers work %s0-%d and %s; insert fenced jobs with jobs.InsertForKeyTx)",
+			strings.Join(parts, "; "), jobs.ShardQueuePrefix, shardCount-1, jobs.MaintenanceQueue)
+		return
+	}
 	depths, err := jobs.DueByQueue(ctx, db)
 	if err != nil {
 		r.fail(name, err, "")
