@@ -40,6 +40,7 @@ package pg
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -119,6 +120,7 @@ func Open(ctx context.Context, o Options) (*Pool, error) {
 	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	cfg.ConnConfig.StatementCacheCapacity = 0
 	cfg.ConnConfig.DescriptionCacheCapacity = 0
+	cfg.AfterConnect = registerJSON
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
@@ -161,6 +163,20 @@ func Open(ctx context.Context, o Options) (*Pool, error) {
 		return nil, Translate(redactErr(fmt.Errorf("cannot reach the database: %w", err), o.URL))
 	}
 	return p, nil
+}
+
+// registerJSON makes JSON values encode as JSON in every statement of the pool,
+// whatever the column: pgx in QueryExecModeExec (the pool's mode, which a
+// transaction-mode pooler needs) has no statement description to learn a
+// parameter's type from, so it picks the type from the Go value. json.RawMessage
+// (the payloads of events, quorum items) is json, and a map[string]any is jsonb
+// (marshalled with encoding/json), so both go into json and jsonb columns as they
+// are. A plain []byte stays bytea: pass JSON as json.RawMessage or string.
+func registerJSON(_ context.Context, c *pgx.Conn) error {
+	tm := c.TypeMap()
+	tm.RegisterDefaultPgType(json.RawMessage(nil), "json")
+	tm.RegisterDefaultPgType(map[string]any(nil), "jsonb")
+	return nil
 }
 
 // noCancels dials server connections whose cancel requests are never sent.

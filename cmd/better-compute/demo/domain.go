@@ -54,8 +54,8 @@ func demoDomainModule() cli.Module {
 		Register: func(r *workers.Registry) error {
 			return quorumworker.AddApplier(r, DemoChangeKind, func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
 				for i, it := range b.Items {
-					if _, err := tx.Exec(ctx, `INSERT INTO demo_domain_changes (batch_id, position, payload) VALUES ($1, $2, $3::jsonb)`,
-						b.ID, i, string(it)); err != nil {
+					if _, err := tx.Exec(ctx, `INSERT INTO demo_domain_changes (batch_id, position, payload) VALUES ($1, $2, $3)`,
+						b.ID, i, it); err != nil {
 						return err
 					}
 				}
