@@ -45,6 +45,9 @@ type App struct {
 	// Modules are the application's modules, in registration order: their
 	// migrations run after the built-in ones, in this order.
 	Modules []Module
+	// Commands are the application's own commands, listed in --help after the
+	// built-in ones. Each runs with the configured pool and logger.
+	Commands []Command
 }
 
 // Module is one application module.
@@ -97,17 +100,26 @@ type command struct {
 }
 
 // commands builds the command set, in the order --help lists it: the ones that
-// run the system, then the ones that look at it and steer it.
-func (a *App) commands() []*command {
-	return []*command{
+// run the system, then the ones that look at it and steer it, then the
+// application's own (App.Commands). It returns INVALID_CONFIG for an
+// application command that is not well defined (checkCommands).
+func (a *App) commands() ([]*command, error) {
+	cmds := []*command{
 		migrateCommand(),
 		workerCommand(),
 		serveCommand(),
-		devCommand(),
+		devCommand(a.DevDatabase()),
 		doctorCommand(),
 		backfillCommand(),
 		sinksCommand(),
 	}
+	if err := checkCommands(cmds, a.Commands); err != nil {
+		return nil, err
+	}
+	for _, c := range a.Commands {
+		cmds = append(cmds, appCommand(c))
+	}
+	return cmds, nil
 }
 
 // noArgs is the Validate of a command that takes no positional arguments.
@@ -132,7 +144,8 @@ func (a *App) name() string {
 
 // Run runs one command line and returns the exit status: 0 on success, 1 on an
 // error (printed as CODE: message on stderr), 2 on a usage error found while
-// parsing flags.
+// parsing flags. An application command that is not well defined fails every
+// command line, --help included, with INVALID_CONFIG.
 func Run(ctx context.Context, app App, args []string, env Env) int {
 	if env.Stdout == nil {
 		env.Stdout = io.Discard
@@ -140,7 +153,10 @@ func Run(ctx context.Context, app App, args []string, env Env) int {
 	if env.Stderr == nil {
 		env.Stderr = io.Discard
 	}
-	cmds := app.commands()
+	cmds, err := app.commands()
+	if err != nil {
+		return printErr(env.Stderr, err)
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		app.printHelp(env.Stdout, cmds)
 		if len(args) == 0 {
@@ -168,8 +184,9 @@ func Run(ctx context.Context, app App, args []string, env Env) int {
 	fset.SetOutput(io.Discard)
 	fset.BoolVar(&s.Dev, "dev", false, "allow an embedded: database URL (development only)")
 	fset.BoolVar(&s.NoMigrate, "no-migrate", false, "do not run migrations on start")
-	cmd.opts.bind(fset)
-	cfg.RegisterFlags(fset)
+	if err := bindFlags(fset, cmd, cfg); err != nil {
+		return printErr(env.Stderr, err)
+	}
 	pos, err := parseInterspersed(fset, args[1:])
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -191,6 +208,20 @@ func Run(ctx context.Context, app App, args []string, env Env) int {
 		return printErr(env.Stderr, err)
 	}
 	return 0
+}
+
+// bindFlags adds cmd's flags and the configuration's to fset. A flag defined
+// twice (an application command's Flags redefining a standard one) is
+// INVALID_CONFIG instead of the flag package's panic.
+func bindFlags(fset *flag.FlagSet, cmd *command, cfg *config.Config) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fault.New(fault.InvalidConfig, "command %s: its flags: %v", cmd.name, r)
+		}
+	}()
+	cmd.opts.bind(fset)
+	cfg.RegisterFlags(fset)
+	return nil
 }
 
 // parseInterspersed parses fs's flags wherever they stand among the arguments
@@ -233,8 +264,16 @@ func errorLine(err error) string {
 
 func (a *App) printHelp(w io.Writer, cmds []*command) {
 	fmt.Fprintf(w, "%s: durable background work on PostgreSQL.\n\nUsage:\n  %s COMMAND [flags]\n\nCommands:\n", a.name(), a.name())
+	width := 10
 	for _, c := range cmds {
-		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+		width = max(width, len(c.name))
+	}
+	builtin := len(cmds) - len(a.Commands)
+	for i, c := range cmds {
+		if i == builtin {
+			fmt.Fprintf(w, "\nApplication commands:\n")
+		}
+		fmt.Fprintf(w, "  %-*s %s\n", width, c.name, c.summary)
 	}
 	fmt.Fprintf(w, "\nEvery command reads these variables; a flag of the same name overrides each:\n")
 	cfg, _ := config.Load(nil)

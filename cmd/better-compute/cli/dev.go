@@ -2,14 +2,32 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 
+	"github.com/bettercompute/bettercompute/platform/embedded"
+	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
 
-// DevDatabase is dev's database when BETTER_COMPUTE_DATABASE_URL is not set.
+// DevDatabase is the better-compute binary's dev database when
+// BETTER_COMPUTE_DATABASE_URL is not set: App{}.DevDatabase().
 const DevDatabase = "embedded:.better-compute/pg"
+
+// devURLFile is the name of the file dev writes the database's URL to, beside
+// the embedded cluster's data directory (see devURLPath).
+const devURLFile = "database-url"
+
+// DevDatabase is dev's database when BETTER_COMPUTE_DATABASE_URL is not set:
+// the embedded cluster in .NAME/pg of the working directory, NAME being the
+// application's name (DevDatabase for the better-compute binary).
+func (a App) DevDatabase() string {
+	return embedded.Scheme + "." + a.name() + "/pg"
+}
 
 // devOpts are dev's options: its flags are the configuration's; it takes no
 // arguments.
@@ -18,22 +36,25 @@ type devOpts struct{}
 func (*devOpts) bind(*flag.FlagSet)           {}
 func (*devOpts) Validate(args []string) error { return noArgs("dev", args) }
 
-func devCommand() *command {
+// devCommand is dev, whose database defaults to db.
+func devCommand(db string) *command {
 	o := &devOpts{}
 	return &command{
 		name:    "dev",
-		summary: "run everything in one process on the embedded PostgreSQL (" + DevDatabase + " unless BETTER_COMPUTE_DATABASE_URL says otherwise), until interrupted",
+		summary: "run everything in one process on the embedded PostgreSQL (" + db + " unless BETTER_COMPUTE_DATABASE_URL says otherwise), until interrupted",
 		opts:    o,
 		run:     o.run,
 	}
 }
 
 // run migrates, starts a worker on every shard and serve in one process, and
-// runs each module's Dev (the application's play), until interrupted.
+// runs each module's Dev (the application's play), until interrupted. On an
+// embedded cluster kept in a directory it writes the database's URL to a file
+// for scripts (devURLPath), removed when dev stops.
 func (*devOpts) run(ctx context.Context, s *Session, _ []string) error {
 	s.Dev = true
 	if s.Config.DatabaseURL == "" {
-		s.Config.DatabaseURL = DevDatabase
+		s.Config.DatabaseURL = s.App.DevDatabase()
 	}
 	db, err := s.Pool(ctx)
 	if err != nil {
@@ -55,13 +76,64 @@ func (*devOpts) run(ctx context.Context, s *Session, _ []string) error {
 		}
 	}
 	url := db.Config().ConnString()
+	urlFile := ""
 	if s.cluster != nil {
 		url = s.cluster.URL()
+		if urlFile = devURLPath(s.Config.DatabaseURL); urlFile != "" {
+			remove, err := writeURLFile(urlFile, url)
+			if err != nil {
+				return err
+			}
+			defer remove()
+		}
 	}
 	name := s.App.name()
 	fmt.Fprintf(s.Env.Stdout, "%s dev: database ready at %s\n", name, pg.RedactURL(url))
-	fmt.Fprintf(s.Env.Stdout, "  psql %s\n  BETTER_COMPUTE_DATABASE_URL=%s %s doctor\nPress Ctrl-C to stop.\n", pg.RedactURL(url), pg.RedactURL(url), name)
+	fmt.Fprintf(s.Env.Stdout, "  psql %s\n  BETTER_COMPUTE_DATABASE_URL=%s %s doctor\n", pg.RedactURL(url), pg.RedactURL(url), name)
+	if urlFile != "" {
+		fmt.Fprintf(s.Env.Stdout, "  database URL written to %s\n", urlFile)
+	}
+	fmt.Fprintf(s.Env.Stdout, "Press Ctrl-C to stop.\n")
 	<-ctx.Done()
 	s.Log.Info().Msg("dev: stopping")
 	return nil
+}
+
+// devURLPath is where dev writes the URL of the embedded cluster embeddedURL
+// names: devURLFile in the parent of its data directory (the URL's path is the
+// data directory itself, PostgreSQL's own), so embedded:.app/pg writes
+// .app/database-url. It is "" for embedded:memory, whose temporary directory's
+// parent is shared.
+func devURLPath(embeddedURL string) string {
+	dir := strings.TrimPrefix(embeddedURL, embedded.Scheme)
+	if !embedded.IsURL(embeddedURL) || dir == "" || dir == embedded.Memory {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(filepath.Clean(dir)), devURLFile)
+}
+
+// writeURLFile writes url and a newline to path, mode 0600, replacing the file
+// at once (a script never reads half of it). remove removes the file if it
+// still holds url (another dev on the same cluster may have rewritten it).
+func writeURLFile(path, url string) (remove func(), err error) {
+	content := url + "\n"
+	f, err := os.CreateTemp(filepath.Dir(path), "."+devURLFile+"-*") // mode 0600
+	if err == nil {
+		_, err = f.WriteString(content)
+		err = errors.Join(err, f.Close())
+		if err == nil {
+			err = os.Rename(f.Name(), path)
+		}
+		if err != nil {
+			_ = os.Remove(f.Name())
+		}
+	}
+	if err != nil {
+		return nil, fault.Wrap(fault.InvalidConfig, err, "cannot write the database URL to %s", path)
+	}
+	return func() {
+		if b, err := os.ReadFile(path); err == nil && string(b) == content {
+			_ = os.Remove(path)
+		}
+	}, nil
 }
