@@ -1,4 +1,4 @@
-// Package capacity is the capacity module's River workers: the fenced hold-expiry
+// Package capacityworker is the capacity module's River workers: the fenced hold-expiry
 // job and its periodic safety sweep. Register adds them to a worker registry (the
 // built-in capacity module does, for every worker process).
 //

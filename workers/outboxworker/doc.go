@@ -1,5 +1,5 @@
-// Package outbox runs the outbox's two delivery paths on River workers (the SQL
-// is in domain/outbox). Import it beside domain/outbox, for example as outboxw.
+// Package outboxworker runs the outbox's two delivery paths on River workers (the SQL
+// is in domain/outbox). Its name lets an application import it beside domain/outbox.
 //
 // # Sinks (the event log)
 //
@@ -16,17 +16,34 @@
 //     within a lease TTL instead of River's one-hour rescue.
 //
 // A delivery job takes the sink's lease (sink/<name>, LeaseTTL, renewed every
-// LeaseRenew while it runs), reads a batch, calls the handler outside any
-// transaction, and moves the cursor in a transaction fenced by the lease and the
-// job's attempt (workers.FenceTx, workers.InTxLease). While batches come back full
-// it goes on (up to 2 s), then hands over to a fresh job. A handler error is
-// retried with backoff (1 s, 2 s … Options.SinkMaxBackoff); other sinks have
-// their own jobs and go on.
+// LeaseRenew while it runs), reads a batch, and moves the cursor past it in a
+// transaction fenced by the lease and the job's attempt (workers.FenceTx,
+// workers.InTxLease). A sink has one of two handlers:
 //
-// Guarantees: at least once, in (txid, seq) order per sink; a process that lost
-// its lease (paused, partitioned) cannot move the cursor; a crash between the
-// handler and the cursor advance redelivers the batch. Make the handler
-// idempotent with each event's ID (TXID:SEQ).
+//   - Handle is called outside any transaction, before the fenced one. Use it
+//     for outside systems (a webhook, a broker, another database).
+//   - HandleTx is called inside the fenced transaction, after the fence and
+//     before the cursor moves, with that transaction. Use it for writes into
+//     this database (projections, read models, counters).
+//
+// While batches come back full a job goes on (up to 2 s), then hands over to a
+// fresh job. A handler error (or panic) is recorded on the sink and retried with
+// backoff (1 s, 2 s … Options.SinkMaxBackoff); other sinks have their own jobs
+// and go on.
+//
+// Guarantees, both handlers: (txid, seq) order per sink; a process that lost
+// its lease (paused, partitioned) cannot move the cursor. Then:
+//
+//   - Handle: at least once. A crash or a lost lease between the handler and
+//     the cursor advance redelivers the batch, whole. Make the handler
+//     idempotent with each event's ID (TXID:SEQ).
+//   - HandleTx: exactly once for its writes through the transaction. They
+//     commit with the cursor or not at all: a handler error, a crash or a lost
+//     lease commits neither, and a reset during the call rolls the handler's
+//     writes back while the rest of the transaction (the lease's release, the
+//     job's completion) commits. Writes on any other connection, or calls to
+//     outside systems, are back to at least once. The transaction holds every
+//     reader of the log at its txid while it is open: keep the handler short.
 //
 // # Table dispatchers
 //

@@ -69,7 +69,11 @@ type state struct {
 	busy        map[string]chan struct{} // per sink: held while a delivery runs in this process
 
 	// Test hooks (nil outside tests): after a sink handler returned, before the
-	// cursor moves; and after the fenced advance, with its result.
+	// cursor moves; and after the fenced advance, with its result. For a
+	// HandleTx sink afterHandle runs inside the delivery's transaction (in its
+	// savepoint, after the fence and the handler, before the advance): it must
+	// not wait for a lock that transaction holds (the lease's takeover, the
+	// job's row). afterAdvance is not called when the handler failed.
 	afterHandle  func(sink string, events []Event)
 	afterAdvance func(sink string, err error)
 }

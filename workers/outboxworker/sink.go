@@ -2,6 +2,7 @@ package outboxworker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -23,17 +24,40 @@ import (
 type Event = dom.Event
 
 // Sink is a named consumer of the event log with its own cursor and its own
-// lease (sink/<name>).
+// lease (sink/<name>). It has one handler: Handle for an outside system (at
+// least once), or HandleTx for writes into this database (exactly once).
 type Sink struct {
 	// Name: a lowercase letter, then up to 62 of [a-z0-9_.-].
 	Name string
-	// Handle receives the next batch, in (txid, seq) order. The cursor moves past
-	// the batch only after Handle returned nil, so a batch is delivered at least
-	// once: after a crash, a lost lease or an error it is delivered again, whole.
-	// An error is retried with backoff (1 s, 2 s, 4 s … up to
-	// Options.SinkMaxBackoff) without holding back other sinks. ctx is cancelled
-	// when the sink's lease is lost or Timeout passes.
+	// Handle receives the next batch, in (txid, seq) order, outside any
+	// transaction. The cursor moves past the batch only after Handle returned
+	// nil, so a batch is delivered at least once: after a crash, a lost lease or
+	// an error it is delivered again, whole. Use it for outside systems (a
+	// webhook, a broker, a search index) and make it idempotent with each
+	// event's ID. An error (or a panic) is retried with backoff (1 s, 2 s, 4 s …
+	// up to Options.SinkMaxBackoff) without holding back other sinks. ctx is
+	// cancelled when the sink's lease is lost or Timeout passes.
 	Handle func(ctx context.Context, events []Event) error
+	// HandleTx receives the next batch inside the fenced transaction that moves the
+	// cursor past it: its writes and the cursor commit together or not at all, so a
+	// sink writing to this database applies every event exactly once. Use it for
+	// projections, read models and counters kept in this database.
+	//
+	// The transaction is fenced (the sink's lease, the job's attempt) before
+	// HandleTx is called, and the fence holds a takeover back until it ends: a
+	// process that lost the lease gets FENCED and commits nothing. An error or a
+	// panic rolls the whole transaction back (none of the handler's writes, the
+	// cursor where it was), is recorded on the sink, and the batch is retried as
+	// Handle's is. If an operator resets the sink during the call, the handler's
+	// writes are rolled back (they run in a savepoint) and delivery goes on from
+	// the new cursor.
+	//
+	// Write through tx only (a write on another connection is outside the
+	// guarantee, back to at least once), and do not commit or roll it back. Keep
+	// it short: while the transaction is open it holds every reader of the log
+	// (every sink, the SSE stream) at its txid, and the sink's lease and job rows
+	// locked. Set either Handle or HandleTx, not both.
+	HandleTx func(ctx context.Context, tx pgx.Tx, events []Event) error
 	// Topics keeps only events of these topics (default: all). Others are moved
 	// past without a call.
 	Topics []string
@@ -51,21 +75,36 @@ type Sink struct {
 // AddSink registers a sink in reg, for every worker process built from it:
 // each process creates the sink's state at start and polls it; deliveries run as
 // River jobs (kind outbox_deliver) in the maintenance queue. It returns
-// INVALID_CONFIG for a bad or duplicate name or a missing handler.
+// INVALID_CONFIG for a bad or duplicate name, or unless exactly one of Handle
+// and HandleTx is set.
 //
-//	err := outboxw.AddSink(reg, outboxw.Sink{
+//	err := outboxworker.AddSink(reg, outboxworker.Sink{
 //		Name: "billing",
 //		Topics: []string{"usage.recorded"},
-//		Handle: func(ctx context.Context, events []outboxw.Event) error {
+//		Handle: func(ctx context.Context, events []outboxworker.Event) error {
 //			return billing.Record(ctx, events) // idempotent by event.ID
+//		},
+//	})
+//
+// A sink that writes into this database takes HandleTx, and gets each event
+// applied exactly once:
+//
+//	err := outboxworker.AddSink(reg, outboxworker.Sink{
+//		Name: "order_totals",
+//		Topics: []string{"orders.placed"},
+//		HandleTx: func(ctx context.Context, tx pgx.Tx, events []outboxworker.Event) error {
+//			return totals.ApplyTx(ctx, tx, events) // commits with the cursor
 //		},
 //	})
 func AddSink(reg *workers.Registry, s Sink) error {
 	if err := dom.ValidateSinkName(s.Name); err != nil {
 		return err
 	}
-	if s.Handle == nil {
-		return fault.New(fault.InvalidConfig, "sink %s has no Handle function", s.Name)
+	switch {
+	case s.Handle == nil && s.HandleTx == nil:
+		return fault.New(fault.InvalidConfig, "sink %s has no Handle or HandleTx function: %s", s.Name, whichHandler)
+	case s.Handle != nil && s.HandleTx != nil:
+		return fault.New(fault.InvalidConfig, "sink %s sets both Handle and HandleTx, set one: %s", s.Name, whichHandler)
 	}
 	if s.BatchSize < 0 || s.Timeout < 0 {
 		return fault.New(fault.InvalidConfig, "sink %s: BatchSize and Timeout must not be negative", s.Name)
@@ -85,6 +124,10 @@ func AddSink(reg *workers.Registry, s Sink) error {
 	st.sinks[s.Name] = &s
 	return nil
 }
+
+// whichHandler tells a sink's author which handler to set.
+const whichHandler = "Handle for an outside system (delivered at least once: make it idempotent by event ID), " +
+	"HandleTx for writes into this database (applied exactly once, in the transaction that moves the cursor)"
 
 func deliverOpts() *river.InsertOpts {
 	// Failed deliveries are retried (practically) without end; a discarded job is
@@ -178,15 +221,16 @@ func sinkBackoff(attempt int, maxWait time.Duration) time.Duration {
 //  1. take the sink's lease (FENCED, given back, while another process holds it)
 //     and keep it renewed while the job runs;
 //  2. read the batch after the cursor (nothing to do when paused or caught up);
-//  3. call the handler, outside any transaction;
-//  4. in a transaction fenced by the lease and the job's attempt, move the
-//     cursor (guarded by the position read in 2); while batches come back full
-//     and the job's budget lasts, go back to 2;
+//  3. call Handle, outside any transaction;
+//  4. in a transaction fenced by the lease and the job's attempt, call HandleTx
+//     (after the fence), then move the cursor (guarded by the position read in
+//     2); while batches come back full and the job's budget lasts, go back to 2;
 //  5. the last advance also releases the lease, starts the next job when more
 //     is pending, and completes this one.
 //
 // A crash or a lost lease between 3 and 4 leaves the cursor where it was: the
-// batch is delivered again.
+// batch is delivered again to Handle. HandleTx's writes commit in 4 with the
+// cursor, or not at all.
 func (w *deliverWorker) Work(ctx context.Context, job *river.Job[jobs.OutboxDeliver]) error {
 	name := job.Args.Sink
 	s := w.st.sink(name)
@@ -257,14 +301,16 @@ func (d *delivery) run(ctx context.Context) error {
 		if scanned == 0 {
 			return nil // caught up: the next poll starts a new delivery
 		}
-		if err := d.handle(ctx, from, events); err != nil {
-			return err
+		if d.s.Handle != nil {
+			if err := d.handle(ctx, from, events); err != nil {
+				return err
+			}
 		}
 		more := scanned == d.s.BatchSize
 		if !more || !time.Now().Before(budget) {
-			return d.finish(ctx, from, next, len(events), more)
+			return d.finish(ctx, from, next, events, more)
 		}
-		moved, err := d.advance(ctx, from, next, len(events))
+		moved, err := d.advance(ctx, from, next, events)
 		if err != nil || !moved {
 			return err
 		}
@@ -280,40 +326,97 @@ func (d *delivery) fenced(ctx context.Context, err error) error {
 	return err
 }
 
-// handle calls the sink's handler with one batch, outside any transaction, and
+// handle calls the sink's Handle with one batch, outside any transaction, and
 // records a failure on the sink (shown by sinks list).
 func (d *delivery) handle(ctx context.Context, from dom.SinkPosition, events []Event) error {
 	if len(events) > 0 {
 		if err := callHandler(ctx, d.s, events); err != nil {
-			err = d.fenced(ctx, err)
-			if !fault.Has(err, fault.Fenced) {
-				if rerr := dom.RecordSinkFailure(context.WithoutCancel(ctx), d.db, d.s.Name, err.Error()); rerr != nil {
-					d.log.Warn().Err(rerr).Msg("outbox: cannot record the failure")
-				}
-				d.log.Warn().Err(err).Int("events", len(events)).Str("from", from.Cursor.String()).Int("attempt", d.job.Attempt).
-					Msg("outbox sink delivery failed; retried with backoff")
-			}
-			return err
+			return d.failed(ctx, from, events, err)
 		}
 	}
-	if d.st.afterHandle != nil {
-		d.st.afterHandle(d.s.Name, events)
-	}
+	d.afterHandle(events)
 	return nil
 }
 
-// advance moves the cursor past an intermediate batch in a transaction fenced by
-// the lease and the job's attempt. moved is false when the sink was reset
-// meanwhile: the delivery stops without moving it.
-func (d *delivery) advance(ctx context.Context, from dom.SinkPosition, next dom.Cursor, n int) (moved bool, err error) {
+// failed is the delivery's error when the handler (Handle or HandleTx) returned
+// err for events: FENCED when the lease was lost meanwhile; otherwise err,
+// recorded on the sink (shown by sinks list) and logged.
+func (d *delivery) failed(ctx context.Context, from dom.SinkPosition, events []Event, err error) error {
+	err = d.fenced(ctx, err)
+	if !fault.Has(err, fault.Fenced) {
+		if rerr := dom.RecordSinkFailure(context.WithoutCancel(ctx), d.db, d.s.Name, err.Error()); rerr != nil {
+			d.log.Warn().Err(rerr).Msg("outbox: cannot record the failure")
+		}
+		d.log.Warn().Err(err).Int("events", len(events)).Str("from", from.Cursor.String()).Int("attempt", d.job.Attempt).
+			Msg("outbox sink delivery failed; retried with backoff")
+	}
+	return err
+}
+
+// applyTx is what moves the cursor past a batch, in tx, the delivery's
+// transaction, already fenced: for a HandleTx sink the handler, then the
+// cursor's advance (guarded by from). moved is false when the sink was reset
+// meanwhile; then nothing of the handler's writes remains in tx.
+//
+// The handler and the advance run in a savepoint, rolled back when the advance
+// does not move: the handler's writes go with it, and the rest of tx commits as
+// it does for Handle (finish still releases the lease and completes the job).
+// Rolling back the whole transaction instead would need a second one to
+// complete the job. Advancing first and calling the handler only after a move
+// would need neither, but would hold the sink's row locked while the handler
+// runs, so an operator's reset or pause would wait for it.
+//
+// A handler's error comes back as a *handlerError; tx is then to be rolled
+// back (the savepoint is already).
+func (d *delivery) applyTx(ctx context.Context, tx pgx.Tx, from dom.SinkPosition, next dom.Cursor, events []Event) (moved bool, err error) {
+	if d.s.HandleTx == nil {
+		return dom.AdvanceSinkTx(ctx, tx, d.s.Name, from, next, len(events))
+	}
+	err = pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
+		if len(events) > 0 {
+			if err := callHandlerTx(ctx, d.s, tx, events); err != nil {
+				return &handlerError{err}
+			}
+		}
+		d.afterHandle(events)
+		var err error
+		moved, err = dom.AdvanceSinkTx(ctx, tx, d.s.Name, from, next, len(events))
+		if err == nil && !moved {
+			return errNotMoved
+		}
+		return err
+	})
+	if errors.Is(err, errNotMoved) {
+		return false, nil
+	}
+	return moved, err
+}
+
+// errNotMoved rolls back applyTx's savepoint when the cursor did not move.
+var errNotMoved = errors.New("the sink was reset during the delivery")
+
+// handlerError is HandleTx's error, told apart from the fence's and the
+// cursor's so that it is recorded on the sink as Handle's is.
+type handlerError struct{ err error }
+
+func (e *handlerError) Error() string { return e.err.Error() }
+func (e *handlerError) Unwrap() error { return e.err }
+
+// advance moves the cursor past an intermediate batch (calling HandleTx first)
+// in a transaction fenced by the lease and the job's attempt. moved is false
+// when the sink was reset meanwhile: the delivery stops without moving it.
+func (d *delivery) advance(ctx context.Context, from dom.SinkPosition, next dom.Cursor, events []Event) (moved bool, err error) {
 	err = pg.InTx(ctx, d.db, func(ctx context.Context, tx pgx.Tx) error {
 		if err := workers.FenceTx(ctx, tx, d.l, d.job.JobRow); err != nil {
 			return err
 		}
 		var err error
-		moved, err = dom.AdvanceSinkTx(ctx, tx, d.s.Name, from, next, n)
+		moved, err = d.applyTx(ctx, tx, from, next, events)
 		return err
 	})
+	if herr := (*handlerError)(nil); errors.As(err, &herr) {
+		return false, d.failed(ctx, from, events, herr.err)
+	}
 	if err != nil {
 		err = d.fenced(ctx, err)
 		d.afterAdvance(err)
@@ -325,13 +428,13 @@ func (d *delivery) advance(ctx context.Context, from dom.SinkPosition, next dom.
 	return moved, nil
 }
 
-// finish is the last advance: in the fenced job transaction it moves the cursor,
-// releases the lease, starts the next job when more is pending, and completes
-// this one.
-func (d *delivery) finish(ctx context.Context, from dom.SinkPosition, next dom.Cursor, n int, more bool) error {
+// finish is the last advance: in the fenced job transaction it calls HandleTx,
+// moves the cursor, releases the lease, starts the next job when more is
+// pending, and completes this one.
+func (d *delivery) finish(ctx context.Context, from dom.SinkPosition, next dom.Cursor, events []Event, more bool) error {
 	name := d.s.Name
 	err := workers.InTxLease(ctx, d.job, d.l, func(ctx context.Context, tx pgx.Tx) error {
-		moved, err := dom.AdvanceSinkTx(ctx, tx, name, from, next, n)
+		moved, err := d.applyTx(ctx, tx, from, next, events)
 		if err != nil {
 			return err
 		}
@@ -350,6 +453,9 @@ func (d *delivery) finish(ctx context.Context, from dom.SinkPosition, next dom.C
 		}
 		return nil
 	})
+	if herr := (*handlerError)(nil); errors.As(err, &herr) {
+		return d.failed(ctx, from, events, herr.err)
+	}
 	if err != nil {
 		err = d.fenced(ctx, err)
 	}
@@ -359,6 +465,12 @@ func (d *delivery) finish(ctx context.Context, from dom.SinkPosition, next dom.C
 	}
 	d.released = true
 	return nil
+}
+
+func (d *delivery) afterHandle(events []Event) {
+	if d.st.afterHandle != nil {
+		d.st.afterHandle(d.s.Name, events)
+	}
 }
 
 func (d *delivery) afterAdvance(err error) {
@@ -379,6 +491,15 @@ func callHandler(ctx context.Context, s *Sink, events []Event) (err error) {
 		}
 	}()
 	return s.Handle(ctx, events)
+}
+
+func callHandlerTx(ctx context.Context, s *Sink, tx pgx.Tx, events []Event) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("sink %s: handler panicked: %v", s.Name, p)
+		}
+	}()
+	return s.HandleTx(ctx, tx, events)
 }
 
 // lockSink serializes this process's deliveries of one sink, waiting for the

@@ -1,4 +1,4 @@
-// Package quorum is the quorum module's River workers: the fenced apply job of
+// Package quorumworker is the quorum module's River workers: the fenced apply job of
 // a committed batch and the expiry job of its deadline, plus the registration
 // of appliers, one per batch kind.
 //
@@ -6,7 +6,7 @@
 // function, which receives the worker registry:
 //
 //	cli.Module{Name: "deploys", Register: func(r *workers.Registry) error {
-//		return quorumworkers.Handle(r, "deploy", func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
+//		return quorumworker.AddApplier(r, "deploy", func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
 //			for _, item := range b.Items { … write the change in tx … }
 //			return nil
 //		})
