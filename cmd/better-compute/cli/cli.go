@@ -201,6 +201,9 @@ func Run(ctx context.Context, app App, args []string, env Env) int {
 	}
 	defer s.close()
 	if err := cmd.run(ctx, s, pos); err != nil {
+		// A driver error (from an application command, say) gets its code: a
+		// unique violation is CONFLICT, a lost connection UNAVAILABLE.
+		err = pg.Translate(err)
 		if ctx.Err() != nil && fault.CodeOf(err) == fault.Internal {
 			err = fault.Wrap(fault.Unavailable, err, "interrupted")
 		}

@@ -1,0 +1,138 @@
+package cli_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers/workertest"
+)
+
+// readmeFile is a block of README.md marked to be extracted: the line
+// <!-- readme-test: PATH --> right before its fence.
+var readmeFile = regexp.MustCompile("(?s)<!-- readme-test: (\\S+) -->\n```[a-z]*\n(.*?)\n```\n")
+
+// TestReadmeProgramBuildsAndRuns extracts the application the README's "Using it
+// from an application" shows (its main.go and its migrations), builds it against
+// this module, and runs it as a user would: --help lists its own command,
+// migrate, place (and its errors), a worker process that ships the order,
+// reconciles the customer and audits the event exactly once, and the backfill.
+// The README cannot drift from the API, or from what works.
+func TestReadmeProgramBuildsAndRuns(t *testing.T) {
+	t.Parallel()
+	root, err := filepath.Abs("../../..")
+	require.NoError(t, err)
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	require.NoError(t, err)
+	blocks := readmeFile.FindAllSubmatch(readme, -1)
+	files := map[string]string{}
+	for _, b := range blocks {
+		files[string(b[1])] = string(b[2]) + "\n"
+	}
+	require.Contains(t, files, "shop/main.go", "the README marks its complete program")
+	require.Contains(t, files, "shop/migrations/0001_orders.sql")
+	require.Contains(t, files, "shop/migrations/0002_tax.sql")
+
+	// Inside the module (so it builds against this code), in a directory that
+	// ./... skips.
+	dir, err := os.MkdirTemp(root, "_readme-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	for path, body := range files {
+		p := filepath.Join(dir, filepath.FromSlash(path))
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
+	}
+	bin := filepath.Join(dir, "shop.bin")
+	gobin, err := exec.LookPath("go")
+	require.NoError(t, err)
+	build := exec.Command(gobin, "build", "-o", bin, "./"+filepath.Base(dir)+"/shop")
+	build.Dir = root
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "the README's program does not build:\n%s", out)
+
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	env := append(os.Environ(), "BETTER_COMPUTE_DATABASE_URL="+db.URL, "BETTER_COMPUTE_LOG_LEVEL=warn")
+	shop := func(args ...string) (code int, stdout, stderr string) {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = env
+		var o, e bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err := cmd.Run()
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode(), o.String(), e.String()
+		}
+		require.NoError(t, err)
+		return 0, o.String(), e.String()
+	}
+
+	code, stdout, _ := shop("--help")
+	require.Equal(t, 0, code)
+	require.Regexp(t, `(?m)^\s+place\s+place an order`, stdout)
+	require.Contains(t, stdout, "worker")
+	code, _, stderr := shop("migrate")
+	require.Equal(t, 0, code, stderr)
+
+	// Orders from before tax_cents existed, for the backfill.
+	db.MustExec(t, `INSERT INTO orders (id, customer, cents) VALUES ('old-1', 'ada', 500), ('old-2', 'bob', 700)`)
+	db.MustExec(t, `UPDATE orders SET tax_cents = NULL`)
+
+	code, _, stderr = shop("place", "o-1", "ada", "1250")
+	require.Equal(t, 0, code, stderr)
+	code, _, stderr = shop("place", "o-1", "ada", "1250")
+	require.Equal(t, 1, code)
+	require.Regexp(t, `^CONFLICT: `, stderr, "the same order twice")
+	code, _, stderr = shop("place", "o-2", "ada")
+	require.Equal(t, 1, code)
+	require.Regexp(t, `^INVALID_ARGUMENT: place takes ORDER CUSTOMER CENTS`, stderr)
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'ship_order' AND queue LIKE 'shard\_%'`))
+
+	worker := exec.Command(bin, "worker")
+	worker.Env = env
+	var wlog bytes.Buffer
+	worker.Stdout, worker.Stderr = &wlog, &wlog
+	require.NoError(t, worker.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- worker.Wait() }()
+	t.Cleanup(func() {
+		_ = worker.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			_ = worker.Process.Kill()
+		}
+	})
+
+	workertest.WaitFor(t, 60*time.Second, "the order shipped, the customer reconciled, the event audited", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM orders WHERE id = 'o-1' AND state = 'shipped'`) == 1 &&
+			db.MustCount(t, `SELECT count(*) FROM customers WHERE id = 'ada' AND orders = 2 AND cents = 1750`) == 1 &&
+			db.MustCount(t, `SELECT count(*) FROM order_audit WHERE order_id = 'o-1' AND (payload->>'cents')::int = 1250 AND payload->>'customer' = 'ada'`) == 1
+	})
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM order_audit`), "one event, audited once")
+
+	code, _, stderr = shop("backfill", "start", "order_tax")
+	require.Equal(t, 0, code, stderr)
+	workertest.WaitFor(t, 60*time.Second, "the backfill filled tax_cents", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM orders WHERE tax_cents IS NULL`) == 0
+	})
+	require.Equal(t, 3, db.MustCount(t, `SELECT count(*) FROM orders WHERE tax_cents = cents / 5`))
+
+	require.NoError(t, worker.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "the worker stops cleanly on SIGTERM:\n%s", wlog.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the worker did not stop within 30 s of SIGTERM:\n%s", wlog.String())
+	}
+	require.NotContains(t, strings.ToLower(wlog.String()), `"level":"error"`, "the worker logged no error")
+}
