@@ -11,6 +11,16 @@
 // shard's work runs in the River queue shard_<n>, which only the holder of the
 // shard's lease works.
 //
+// An application's own job kind (registered with workers.AddWorker) is fenced:
+// InsertForKeyTx puts it in the shard queue of a key, in the caller's
+// transaction. Its kind is recorded in compute_fenced_kinds (RecordFencedKinds,
+// at migrate and worker start), and a trigger on river_job refuses a job of a
+// recorded kind in any other queue (INVALID_ARGUMENT), where no worker would
+// ever take it:
+//
+//	no job ──InsertForKeyTx(key)──▶ available in shard_<ShardOf(key)>
+//	no job ──InsertTx(queue default)──▶ refused (fenced kind) | available (other kind)
+//
 // # DirtyTx: coalescing on River
 //
 // DirtyTx marks a key of a reconciler kind as needing a reconcile, in the caller's

@@ -139,7 +139,10 @@ func AddDispatcher[T any](reg *workers.Registry, d *Dispatcher[T]) error {
 	if d == nil {
 		return fault.New(fault.InvalidConfig, "AddDispatcher: nil dispatcher")
 	}
-	st := stateOf(reg)
+	st, err := stateOf(reg)
+	if err != nil {
+		return err
+	}
 	st.mu.Lock()
 	if _, dup := st.dispatchers[d.o.Name]; dup {
 		st.mu.Unlock()

@@ -73,7 +73,7 @@ func runChild(mode, url string) int {
 		if err := AddSink(reg, Sink{Name: "s", Handle: recordReceived(db, "child")}); err != nil {
 			panic(err)
 		}
-		st := stateOf(reg)
+		st, _ := stateOf(reg)
 		st.afterHandle = func(string, []Event) {
 			say("HANDLED")
 			if mode == "sink-die" {
@@ -247,4 +247,13 @@ func sinkCursor(t testing.TB, db *pg.Pool, name string) string {
 	p, err := dom.SinkCursor(context.Background(), db, name)
 	require.NoError(t, err)
 	return p.Cursor.String()
+}
+
+// mustState is reg's outbox machinery, in a test that registered it already.
+func mustState(reg *workers.Registry) *state {
+	st, err := stateOf(reg)
+	if err != nil {
+		panic(err)
+	}
+	return st
 }

@@ -83,17 +83,18 @@ func newState() *state {
 }
 
 // stateOf returns reg's outbox machinery, installing it on first use.
-func stateOf(reg *workers.Registry) *state {
-	st, _ := workers.Use(reg, newState) // Install cannot fail
-	return st
-}
+func stateOf(reg *workers.Registry) (*state, error) { return workers.Use(reg, newState) }
 
-// Install adds the outbox machinery to reg: the sink delivery worker, the
+// Register adds the outbox machinery to reg: the sink delivery worker, the
 // dispatcher pass worker, the periodic retention job, and the start hook that
-// creates sink state and polls idle sinks. It is idempotent; AddSink and
-// AddDispatcher call it. The built-in outbox module installs it in every
-// worker process, so retention runs even with no sink.
-func Install(reg *workers.Registry) { stateOf(reg) }
+// creates sink state and polls idle sinks. It is idempotent; AddSink,
+// AddDispatcher and Configure call it. The built-in outbox module registers it
+// in every worker process, so retention runs even with no sink. It returns
+// INVALID_CONFIG if one of its job kinds is already taken in reg.
+func Register(reg *workers.Registry) error {
+	_, err := stateOf(reg)
+	return err
+}
 
 // Configure sets reg's outbox options (zero fields take their defaults). An
 // application calls it from its module's Register; the last call wins.
@@ -104,7 +105,10 @@ func Configure(reg *workers.Registry, o Options) error {
 	if o.PollEvery > 0 && o.PollEvery < time.Millisecond {
 		return fault.New(fault.InvalidConfig, "outbox options: PollEvery %s is too short (at least 1ms)", o.PollEvery)
 	}
-	st := stateOf(reg)
+	st, err := stateOf(reg)
+	if err != nil {
+		return err
+	}
 	st.mu.Lock()
 	st.opts = o.withDefaults()
 	st.mu.Unlock()
@@ -178,7 +182,10 @@ func (st *state) dispatcher(name string) passer {
 
 // Sinks returns the names of the sinks registered in reg, sorted.
 func Sinks(reg *workers.Registry) []string {
-	st := stateOf(reg)
+	st, err := stateOf(reg)
+	if err != nil {
+		return nil
+	}
 	var out []string
 	for _, s := range st.sinkList() {
 		out = append(out, s.Name)
@@ -191,7 +198,11 @@ func Sinks(reg *workers.Registry) []string {
 // operator verbs call it so that a registered sink is listed before any worker
 // ran.
 func EnsureSinks(ctx context.Context, db pg.DBTX, reg *workers.Registry) error {
-	for _, s := range stateOf(reg).sinkList() {
+	st, err := stateOf(reg)
+	if err != nil {
+		return err
+	}
+	for _, s := range st.sinkList() {
 		if err := dom.EnsureSink(ctx, db, s.Name, s.From); err != nil {
 			return err
 		}

@@ -115,7 +115,10 @@ func AddSink(reg *workers.Registry, s Sink) error {
 	if s.Timeout == 0 {
 		s.Timeout = time.Minute
 	}
-	st := stateOf(reg)
+	st, err := stateOf(reg)
+	if err != nil {
+		return err
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if _, dup := st.sinks[s.Name]; dup {

@@ -203,7 +203,7 @@ func TestHandleTxResetDuringDeliveryCommitsNoneOfTheBatch(t *testing.T) {
 			// In the delivery's transaction, after the handler, before the
 			// advance. The reset touches only the sink's row, which that
 			// transaction has not locked yet.
-			stateOf(reg).afterHandle = func(sink string, events []Event) {
+			mustState(reg).afterHandle = func(sink string, events []Event) {
 				mu.Lock()
 				defer mu.Unlock()
 				if reset {
@@ -248,7 +248,7 @@ func TestHandleTxFencedDeliveryCommitsNothing(t *testing.T) {
 	var a applier
 	reg := fastRegistry(t)
 	require.NoError(t, AddSink(reg, Sink{Name: "projection", BatchSize: 2, HandleTx: a.handleTx}))
-	st := stateOf(reg)
+	st, _ := stateOf(reg)
 	var (
 		mu     sync.Mutex
 		stolen bool

@@ -19,10 +19,7 @@ func builtinModules() []Module {
 			// even without a sink, keeping the replay window). Applications add
 			// sinks and dispatchers from their own modules (outboxworker.AddSink,
 			// outboxworker.AddDispatcher) and options (outboxworker.Configure).
-			Register: func(r *workers.Registry) error {
-				outboxworker.Install(r)
-				return nil
-			},
+			Register: outboxworker.Register,
 		},
 		{
 			Name: "capacity",
@@ -35,7 +32,7 @@ func builtinModules() []Module {
 			Name: "quorum",
 			// The apply and expiry jobs of quorum batches. Applications add an
 			// applier per batch kind from their own module's Register
-			// (quorumworker.Handle).
+			// (quorumworker.AddApplier).
 			Register: func(r *workers.Registry) error { return quorumworker.Register(r, nil) },
 		},
 	}
