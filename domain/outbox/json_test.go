@@ -38,14 +38,19 @@ func TestEventPayloadIntoJSONB(t *testing.T) {
 				return outbox.AppendTx(ctx, tx, outbox.Message{Topic: "order.paid", Key: key,
 					Payload: map[string]any{"order": key, "cents": 1250, "lines": []string{"a", "b"}}})
 			}))
-			evs, _, _, err := outbox.Read(ctx, db, outbox.ReadOptions{Topics: []string{"order.paid"}})
-			require.NoError(t, err)
+			// Read it as a sink would, once it is readable (every older
+			// transaction of the shared test cluster ended).
 			var e outbox.Event
-			for _, ev := range evs {
-				if ev.Key == key {
-					e = ev
+			require.Eventually(t, func() bool {
+				evs, _, _, err := outbox.Read(ctx, db, outbox.ReadOptions{Topics: []string{"order.paid"}})
+				require.NoError(t, err)
+				for _, ev := range evs {
+					if ev.Key == key {
+						e = ev
+					}
 				}
-			}
+				return e.Key == key
+			}, 20*time.Second, 5*time.Millisecond)
 			require.Equal(t, key, e.Key)
 			var _ json.RawMessage = e.Payload // what a handler is handed
 

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	dom "github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox/outboxtest"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
@@ -219,7 +220,11 @@ func appendEvents(t testing.TB, db *pg.Pool, topic string, n int) []string {
 			return dom.AppendTx(ctx, tx, dom.Message{Topic: topic, Key: fmt.Sprint(i), Payload: i})
 		}))
 	}
-	return storedIDs(t, db, topic)
+	ids := storedIDs(t, db, topic)
+	// Readable only once every older transaction of the cluster ended (another
+	// test's): wait for it, so a test's first delivery sees the whole batch.
+	outboxtest.ReadN(t, db, dom.Cursor{}, len(ids), topic)
+	return ids
 }
 
 // storedIDs lists the IDs of topic's stored events in log order.
