@@ -59,7 +59,7 @@ type Result struct {
 //
 //	Register: func(r *workers.Registry) error {
 //		return errors.Join(
-//			AddReconciler(r, workers.Reconciler{Kind: "item", Reconcile: reconcileItem}),
+//			workers.AddReconciler(r, workers.Reconciler{Kind: "item", Reconcile: reconcileItem}),
 //			workers.AddWorker(r, &ShipWorker{}),
 //			outboxworker.AddSink(r, outboxworker.Sink{Name: "audit", HandleTx: recordAudit}),
 //			backfill.Add(r, normalizeNames),
