@@ -29,11 +29,8 @@ var (
 //
 //	_, err := jobs.InsertForKeyTx(ctx, tx, orderID, ShipArgs{OrderID: orderID}, nil)
 func InsertForKeyTx(ctx context.Context, tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error) {
-	if key == "" {
-		return nil, invalid("InsertForKeyTx: the key is empty (it picks the job's shard)")
-	}
-	if len(key) > MaxKeyLen {
-		return nil, invalid("InsertForKeyTx: the key is %d bytes, longer than %d", len(key), MaxKeyLen)
+	if err := checkKey("InsertForKeyTx (the key picks the job's shard)", key); err != nil {
+		return nil, err
 	}
 	queue, err := ShardQueueOfTx(ctx, tx, key)
 	if err != nil {

@@ -63,8 +63,17 @@ func ValidateKind(kind string) error {
 	return nil
 }
 
-// MaxKeyLen is the longest key DirtyTx accepts.
+// MaxKeyLen is the longest key DirtyTx and InsertForKeyTx accept.
 const MaxKeyLen = 512
+
+// checkKey is INVALID_ARGUMENT, prefixed with what, for a key that is empty or
+// longer than MaxKeyLen.
+func checkKey(what, key string) error {
+	if key == "" || len(key) > MaxKeyLen {
+		return invalid("%s: key must be 1 to %d bytes, got %d", what, MaxKeyLen, len(key))
+	}
+	return nil
+}
 
 // KeyHash is the stable hash that maps a key to its shard: FNV-1a, 32 bits.
 func KeyHash(key string) uint32 {
@@ -81,6 +90,17 @@ const ShardQueuePrefix = "shard_"
 
 // ShardQueue is the River queue of shard n: ShardQueuePrefix + n.
 func ShardQueue(n int) string { return ShardQueuePrefix + strconv.Itoa(n) }
+
+// WorkedQueues are the queues a worker process works in a deployment of
+// shardCount shards: every shard queue (each under its lease) and the
+// MaintenanceQueue.
+func WorkedQueues(shardCount int) []string {
+	qs := make([]string, 0, shardCount+1)
+	for i := range shardCount {
+		qs = append(qs, ShardQueue(i))
+	}
+	return append(qs, MaintenanceQueue)
+}
 
 // MaintenanceQueue is the River queue every worker process works, whatever its
 // shards: resync and other unfenced, idempotent housekeeping.
@@ -106,8 +126,8 @@ func DirtyTx(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) 
 	if err := ValidateKind(kind); err != nil {
 		return err
 	}
-	if key == "" || len(key) > MaxKeyLen {
-		return invalid("dirty %s: key must be 1 to %d bytes, got %d", kind, MaxKeyLen, len(key))
+	if err := checkKey("dirty "+kind, key); err != nil {
+		return err
 	}
 	var delay time.Duration
 	if opts != nil && opts.Delay > 0 {

@@ -541,37 +541,6 @@ func DueByQueue(ctx context.Context, db pg.DBTX) ([]QueueDepth, error) {
 	})
 }
 
-// waitingOutsideSQL counts, per queue, the jobs waiting (available, scheduled,
-// retryable or pending) in a queue not in $1, the queues worker processes work.
-const waitingOutsideSQL = `SELECT queue, count(*) FROM river_job
-WHERE state IN ('available', 'scheduled', 'retryable', 'pending') AND NOT (queue = ANY($1::text[]))
-GROUP BY 1 ORDER BY 2 DESC, 1`
-
-// WorkedQueues are the queues a worker process works in a deployment of
-// shardCount shards: every shard queue (each under its lease) and the
-// MaintenanceQueue.
-func WorkedQueues(shardCount int) []string {
-	qs := make([]string, 0, shardCount+1)
-	for i := range shardCount {
-		qs = append(qs, ShardQueue(i))
-	}
-	return append(qs, MaintenanceQueue)
-}
-
-// WaitingOutside returns, per queue (State empty), the jobs waiting in queues no
-// worker process works (not in worked): they would wait for ever.
-func WaitingOutside(ctx context.Context, db pg.DBTX, worked []string) ([]QueueCount, error) {
-	rows, err := db.Query(ctx, waitingOutsideSQL, worked)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (QueueCount, error) {
-		var c QueueCount
-		err := row.Scan(&c.Queue, &c.Jobs)
-		return c, err
-	})
-}
-
 // runningByAttempterSQL groups the running jobs of shard queues by queue and by
 // the client that last attempted them; $1 is the cut-off before which an attempt
 // is old.

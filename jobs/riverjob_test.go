@@ -50,7 +50,6 @@ func riverJobStatements() map[string]string {
 		"countRunningLongerSQL":        countRunningLongerSQL,
 		"countRunningSQL":              countRunningSQL,
 		"dueByQueueSQL":                dueByQueueSQL,
-		"waitingOutsideSQL":            waitingOutsideSQL,
 		"runningByAttempterSQL":        runningByAttempterSQL,
 	}
 }

@@ -40,7 +40,6 @@ package pg
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -168,14 +167,13 @@ func Open(ctx context.Context, o Options) (*Pool, error) {
 // registerJSON makes JSON values encode as JSON in every statement of the pool,
 // whatever the column: pgx in QueryExecModeExec (the pool's mode, which a
 // transaction-mode pooler needs) has no statement description to learn a
-// parameter's type from, so it picks the type from the Go value. json.RawMessage
-// (the payloads of events, quorum items) is json, and a map[string]any is jsonb
-// (marshalled with encoding/json), so both go into json and jsonb columns as they
-// are. A plain []byte stays bytea: pass JSON as json.RawMessage or string.
+// parameter's type from, so it picks the type from the Go value. pgx already
+// maps json.RawMessage (the payloads of events, quorum items) to json; this adds
+// map[string]any as jsonb (marshalled with encoding/json), so both go into json
+// and jsonb columns as they are. A plain []byte stays bytea: pass JSON as
+// json.RawMessage or string.
 func registerJSON(_ context.Context, c *pgx.Conn) error {
-	tm := c.TypeMap()
-	tm.RegisterDefaultPgType(json.RawMessage(nil), "json")
-	tm.RegisterDefaultPgType(map[string]any(nil), "jsonb")
+	c.TypeMap().RegisterDefaultPgType(map[string]any(nil), "jsonb")
 	return nil
 }
 

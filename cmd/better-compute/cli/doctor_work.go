@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -145,12 +147,12 @@ func (s *Session) doctorRunning(ctx context.Context, db *pg.Pool, r *report) {
 // beyond the count), where it would wait for ever.
 func (s *Session) doctorQueues(ctx context.Context, db *pg.Pool, r *report, shardCount int) {
 	const name = "queues"
-	stranded, err := jobs.WaitingOutside(ctx, db, jobs.WorkedQueues(shardCount))
+	unfinished, err := jobs.CountUnfinished(ctx, db)
 	if err != nil {
 		r.fail(name, err, "")
 		return
 	}
-	if len(stranded) > 0 {
+	if stranded := waitingOutside(unfinished, jobs.WorkedQueues(shardCount)); len(stranded) > 0 {
 		var parts []string
 		for _, q := range stranded {
 			parts = append(parts, fmt.Sprintf("%s: %s", q.Queue, plural(int(q.Jobs), "job")))
@@ -179,6 +181,25 @@ func (s *Session) doctorQueues(ctx context.Context, db *pg.Pool, r *report, shar
 	default:
 		r.add(name, true, "%d jobs due in %d queues, none waiting longer than %s", total, len(depths), StuckAfter)
 	}
+}
+
+// waitingOutside sums, per queue not in worked, the jobs of counts that wait
+// (any state but running): they would wait for ever. The most first, then by name.
+func waitingOutside(counts []jobs.QueueCount, worked []string) []jobs.QueueCount {
+	byQueue := map[string]int64{}
+	for _, c := range counts {
+		if c.State != "running" && !slices.Contains(worked, c.Queue) {
+			byQueue[c.Queue] += c.Jobs
+		}
+	}
+	out := make([]jobs.QueueCount, 0, len(byQueue))
+	for q, n := range byQueue {
+		out = append(out, jobs.QueueCount{Queue: q, Jobs: n})
+	}
+	slices.SortFunc(out, func(a, b jobs.QueueCount) int {
+		return cmp.Or(cmp.Compare(b.Jobs, a.Jobs), cmp.Compare(a.Queue, b.Queue))
+	})
+	return out
 }
 
 // stray is the running jobs of one shard attempted by one client other than the

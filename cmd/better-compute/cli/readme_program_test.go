@@ -52,16 +52,10 @@ func TestReadmeProgramBuildsAndRuns(t *testing.T) {
 		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
 		require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
 	}
-	bin := filepath.Join(dir, "shop.bin")
-	gobin, err := exec.LookPath("go")
-	require.NoError(t, err)
-	build := exec.Command(gobin, "build", "-o", bin, "./"+filepath.Base(dir)+"/shop")
-	build.Dir = root
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "the README's program does not build:\n%s", out)
+	bin := buildPkg(t, t.TempDir(), "github.com/bettercompute/bettercompute/"+filepath.Base(dir)+"/shop")
 
 	db := pgtest.New(t, pgtest.Options{Empty: true})
-	env := append(os.Environ(), "BETTER_COMPUTE_DATABASE_URL="+db.URL, "BETTER_COMPUTE_LOG_LEVEL=warn")
+	env := processEnv(dbEnv(db)...)
 	shop := func(args ...string) (code int, stdout, stderr string) {
 		t.Helper()
 		cmd := exec.Command(bin, args...)
