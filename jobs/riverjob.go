@@ -577,3 +577,101 @@ func RunningByAttempter(ctx context.Context, db pg.DBTX, oldBefore time.Time) ([
 		return g, err
 	})
 }
+
+// --- Workflows (domain/workflow, workers/workflowworker) ---
+
+// workflowJobInsert is the River job row of a workflow step, for an INSERT ...
+// SELECT over a relation w with columns job_id, id, kind, step, seq: kind
+// workflow_step, River's default priority.
+var workflowJobInsert = fmt.Sprintf(`
+    INSERT INTO river_job (id, args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata)
+    SELECT w.job_id, jsonb_build_object('workflow_id', w.id, 'workflow', w.kind, 'step', w.step, 'seq', w.seq),
+           '%s', %%s, %d, %%s, %%s, %%s, '{}', '{}'`, WorkflowStepKind, river.PriorityDefault)
+
+// StartWorkflowsSQL inserts workflow instances and the River job of each one's
+// first step, in one statement: $1 ids, $2 kinds, $3 inputs (jsonb), $4 the
+// FNV-1a hashes of the ids (the shard), $5 parent id, $6 parent seq, $7 River's
+// scheduled_at (the caller's clock, as River's own inserts). A kind not
+// in compute_workflow_kinds inserts nothing; an id that exists inserts
+// nothing. It returns the ids inserted.
+var StartWorkflowsSQL = fmt.Sprintf(`
+WITH i AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::bigint[]) AS i(id, kind, input, hash)
+), w AS (
+    INSERT INTO compute_workflows AS w (id, kind, status, step, seq, job_id, input, parent_id, parent_seq)
+    SELECT i.id, i.kind, 'running', k.steps[1], 1, nextval('river_job_id_seq'), i.input, $5::text, $6::bigint
+    FROM i JOIN compute_workflow_kinds k ON k.kind = i.kind
+    ON CONFLICT (id) DO NOTHING
+    RETURNING w.id, w.kind, w.step, w.seq, w.job_id
+), j AS (%s
+    FROM w JOIN i ON i.id = w.id
+    RETURNING id
+)
+SELECT w.id FROM w`, fmt.Sprintf(workflowJobInsert, fmt.Sprint(river.MaxAttemptsDefault),
+	`'`+ShardQueuePrefix+`' || (i.hash % (SELECT shard_count FROM compute_settings))`, "$7::timestamptz", "'available'"))
+
+// AdvanceWorkflowSQL moves a workflow instance, locked by the caller's
+// transaction at seq $2, to its next state, and inserts the River job of its
+// next step when $10 says so, in one statement: $1 id, $2 seq, $3 status, $4
+// step, $5 state (NULL keeps it), $6 result, $7 error, $8 wait, $9 wake_at (on
+// compute_now(); NULL for none), $10 whether a job follows, $11
+// its queue, $12 its River scheduled_at, $13 its River state, $14 its max
+// attempts. It returns the new seq and job id (NULL without a job); no row
+// means the seq moved (the caller's lock should make that impossible).
+var AdvanceWorkflowSQL = fmt.Sprintf(`
+WITH w AS (
+    UPDATE compute_workflows SET status = $3::text, step = $4::text, seq = seq + 1,
+           job_id = CASE WHEN $10::bool THEN nextval('river_job_id_seq') END,
+           state = COALESCE($5::jsonb, state), result = $6::jsonb, error = $7::text, wait = $8::jsonb,
+           wake_at = $9::timestamptz,
+           attempt = 0, updated_at = compute_now(),
+           finished_at = CASE WHEN $3::text IN ('completed', 'failed', 'cancelled') THEN compute_now() END
+    WHERE id = $1 AND seq = $2
+    RETURNING id, kind, step, seq, job_id
+), j AS (%s
+    FROM w WHERE w.job_id IS NOT NULL
+    RETURNING id
+)
+SELECT w.seq, w.job_id FROM w`, fmt.Sprintf(workflowJobInsert, "$14::int", "$11::text", "$12::timestamptz", "$13::river_job_state"))
+
+// WakeWorkflowJobSQL makes the waiting job of workflow $1 available at $3
+// (River's clock: now), when the workflow is waiting and (with $2 not NULL)
+// waits for signal $2: a
+// signal's wake-up. The instance row must be locked by the caller's
+// transaction first, so that the job it names is the committed one.
+const WakeWorkflowJobSQL = `
+UPDATE river_job j SET state = 'available', scheduled_at = $3::timestamptz
+FROM compute_workflows w
+WHERE w.id = $1 AND w.status = 'waiting' AND ($2::text IS NULL OR w.wait->>'signal' = $2::text)
+  AND j.id = w.job_id AND j.state IN ('scheduled', 'retryable')`
+
+// WakeWorkflowParentSQL wakes the waiting job of the parent $1 of a child that
+// just finished, when the parent awaits its children (started at its seq $2)
+// and their awaited condition now holds: any finished, or all finished. The
+// caller locked the parent's row first. $3 is River's clock (now).
+const WakeWorkflowParentSQL = `
+UPDATE river_job j SET state = 'available', scheduled_at = $3::timestamptz
+FROM compute_workflows p
+WHERE p.id = $1 AND p.status = 'waiting' AND p.wait ? 'children'
+  AND (p.wait->>'children' = 'any'
+       OR NOT EXISTS (SELECT 1 FROM compute_workflows c
+                      WHERE c.parent_id = p.id AND c.parent_seq = $2 AND c.finished_at IS NULL))
+  AND j.id = p.job_id AND j.state IN ('scheduled', 'retryable')`
+
+// WakeDueWorkflowsSQL makes available the waiting jobs of sleeping and
+// waiting workflows whose wake_at has come on compute_now(): the sim clock
+// moved forward, or River's wall-clock schedule and compute_now() disagree.
+// $1 is River's clock (now). It returns how many it woke.
+const WakeDueWorkflowsSQL = `
+UPDATE river_job j SET state = 'available', scheduled_at = $1::timestamptz
+FROM compute_workflows w
+WHERE w.status IN ('sleeping', 'waiting') AND w.wake_at <= compute_now()
+  AND j.id = w.job_id AND j.state IN ('scheduled', 'retryable')`
+
+// CancelWorkflowJobsSQL cancels the waiting step jobs $1 of workflows that were
+// cancelled (a running one is fenced by the instance's seq instead), with $2
+// as the reason in its errors, at $3 (River's clock: now).
+const CancelWorkflowJobsSQL = `
+UPDATE river_job SET state = 'cancelled', finalized_at = $3::timestamptz,
+       errors = array_append(errors, jsonb_build_object('at', $3::timestamptz, 'attempt', attempt, 'error', $2::text, 'trace', ''))
+WHERE id = ANY($1::bigint[]) AND state IN ('available', 'scheduled', 'retryable', 'pending')`

@@ -51,6 +51,12 @@ func riverJobStatements() map[string]string {
 		"countRunningSQL":              countRunningSQL,
 		"dueByQueueSQL":                dueByQueueSQL,
 		"runningByAttempterSQL":        runningByAttempterSQL,
+		"StartWorkflowsSQL":            StartWorkflowsSQL,
+		"AdvanceWorkflowSQL":           AdvanceWorkflowSQL,
+		"WakeWorkflowJobSQL":           WakeWorkflowJobSQL,
+		"WakeWorkflowParentSQL":        WakeWorkflowParentSQL,
+		"WakeDueWorkflowsSQL":          WakeDueWorkflowsSQL,
+		"CancelWorkflowJobsSQL":        CancelWorkflowJobsSQL,
 	}
 }
 

@@ -10,7 +10,7 @@ import "embed"
 
 // FS holds every built-in owner's migrations, one directory per owner.
 //
-//go:embed core/*.sql jobs/*.sql outbox/*.sql backfill/*.sql capacity/*.sql quorum/*.sql
+//go:embed core/*.sql jobs/*.sql outbox/*.sql backfill/*.sql capacity/*.sql quorum/*.sql workflow/*.sql
 var FS embed.FS
 
 // Demo holds the demo application's migrations (owners demo, demo_backfill,
@@ -26,4 +26,4 @@ var Demo embed.FS
 // own schema (owner river) runs after core; platform/migrate inserts it. jobs
 // (what Better Compute adds to River's tables) comes right after River. The demo
 // application's owners are not here: they are in Demo.
-var Owners = []string{"core", "jobs", "outbox", "backfill", "capacity", "quorum"}
+var Owners = []string{"core", "jobs", "outbox", "backfill", "capacity", "quorum", "workflow"}

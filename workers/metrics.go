@@ -22,7 +22,12 @@ type Metrics struct {
 	leasesHeld  prometheus.Gauge
 	fences      *prometheus.CounterVec
 	handedBackN prometheus.Counter
+	reg         prometheus.Registerer
 }
+
+// Registerer is where these metrics are registered (nil for the zero value):
+// modules register their own worker metrics there.
+func (m *Metrics) Registerer() prometheus.Registerer { return m.reg }
 
 // NewMetrics creates the worker metrics and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -59,6 +64,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Running jobs of a previous shard holder handed back to the queue at takeover.",
 		}),
 	}
+	m.reg = reg
 	reg.MustRegister(m.jobs, m.jobSeconds, m.reconcile, m.latency, m.leasesHeld, m.fences, m.handedBackN)
 	return m
 }

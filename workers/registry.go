@@ -71,6 +71,8 @@ type Registry struct {
 	reconcilers map[string]*Reconciler
 	order       []string
 	onStart     []func(ctx context.Context, rt *Runtime) error
+	onRecord    []func(ctx context.Context, db pg.DBTX) error
+	onCheck     []func(ctx context.Context, db pg.DBTX) error
 	kinds       map[string]bool      // every kind with a worker
 	fenced      []string             // kinds worked in shard queues, in registration order
 	parts       map[reflect.Type]any // Use
@@ -188,6 +190,44 @@ func AddPeriodic(r *Registry, job *river.PeriodicJob) error {
 // example, a module's own lease keeper). It runs once per start.
 func (r *Registry) OnStart(f func(ctx context.Context, rt *Runtime) error) {
 	r.onStart = append(r.onStart, f)
+}
+
+// OnRecord registers a function that records what the registry defines in the
+// database (as the fenced kinds are): Record runs it at migrate and at every
+// worker start, before River starts.
+func (r *Registry) OnRecord(f func(ctx context.Context, db pg.DBTX) error) {
+	r.onRecord = append(r.onRecord, f)
+}
+
+// OnCheck registers a check a worker runs at start, after Record and before it
+// works anything: an error (INVALID_CONFIG) refuses the start.
+func (r *Registry) OnCheck(f func(ctx context.Context, db pg.DBTX) error) {
+	r.onCheck = append(r.onCheck, f)
+}
+
+// Record records in db what the registry defines: its fenced job kinds
+// (jobs.RecordFencedKinds) and what modules record with OnRecord (the
+// workflow definitions). migrate and every worker start call it.
+func (r *Registry) Record(ctx context.Context, db pg.DBTX) error {
+	if err := jobs.RecordFencedKinds(ctx, db, r.FencedKinds()); err != nil {
+		return err
+	}
+	for _, f := range r.onRecord {
+		if err := f(ctx, db); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Check runs the registry's start checks (OnCheck).
+func (r *Registry) Check(ctx context.Context, db pg.DBTX) error {
+	for _, f := range r.onCheck {
+		if err := f(ctx, db); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // AddReconciler registers a reconciler. It returns INVALID_CONFIG for a bad or

@@ -140,8 +140,12 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 	}
 	if o.Work {
 		// Before any job of this registry can run: inserts of its fenced kinds
-		// outside the shard queues are refused from now on.
-		if err := jobs.RecordFencedKinds(ctx, o.Pool, o.Registry.FencedKinds()); err != nil {
+		// outside the shard queues are refused from now on, its workflow kinds
+		// are known, and no unfinished workflow sits on a step it lacks.
+		if err := o.Registry.Record(ctx, o.Pool); err != nil {
+			return nil, err
+		}
+		if err := o.Registry.Check(ctx, o.Pool); err != nil {
 			return nil, err
 		}
 	}
@@ -294,6 +298,18 @@ func cmpOr(d, def time.Duration) time.Duration {
 	}
 	return def
 }
+
+// Redact returns err with every configured secret (Options.Secrets) removed
+// from its message, for storing or showing it.
+func (rt *Runtime) Redact(err error) error { return rt.redactErr(err) }
+
+// Metrics returns the process's worker metrics (never nil).
+func (rt *Runtime) Metrics() *Metrics { return rt.metrics }
+
+// LeaseForQueue returns the shard lease this process holds for queue, if it
+// holds it unexpired by its own clock (the lease a fenced transaction of the
+// queue's jobs is fenced by).
+func (rt *Runtime) LeaseForQueue(queue string) (lease.Lease, bool) { return rt.leaseForQueue(queue) }
 
 // Client is the River client (for inserting jobs and for River UI).
 func (rt *Runtime) Client() *river.Client[pgx.Tx] { return rt.client }

@@ -5,6 +5,7 @@ import (
 	"github.com/bettercompute/bettercompute/workers/capacityworker"
 	"github.com/bettercompute/bettercompute/workers/outboxworker"
 	"github.com/bettercompute/bettercompute/workers/quorumworker"
+	"github.com/bettercompute/bettercompute/workers/workflowworker"
 )
 
 // builtinModules are Better Compute's own modules, registered before the
@@ -34,6 +35,13 @@ func builtinModules() []Module {
 			// applier per batch kind from their own module's Register
 			// (quorumworker.AddApplier).
 			Register: func(r *workers.Registry) error { return quorumworker.Register(r, nil) },
+		},
+		{
+			Name: "workflow",
+			// Durable workflows: the step worker, the timer wake-ups, retention
+			// and the versioning check at start. Applications add their
+			// definitions from their own module (workflowworker.Add).
+			Register: func(r *workers.Registry) error { return workflowworker.Register(r, nil) },
 		},
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/config"
 	"github.com/bettercompute/bettercompute/platform/embedded"
 	"github.com/bettercompute/bettercompute/platform/fault"
@@ -149,7 +148,7 @@ func (s *Session) Migrate(ctx context.Context) (*migrate.Result, error) {
 	if err != nil {
 		return res, err
 	}
-	if err := jobs.RecordFencedKinds(ctx, p, reg.FencedKinds()); err != nil {
+	if err := reg.Record(ctx, p); err != nil {
 		return res, err
 	}
 	if stored != s.Config.ShardCount {

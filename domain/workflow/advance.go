@@ -1,0 +1,407 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
+)
+
+// This file is the step worker's side of the package (workers/workflowworker):
+// lock an instance at a seq, decide what resumes it, plan and apply a
+// transition.
+
+// LockTx locks workflow id's row in tx at seq and returns it, or nil when its
+// seq is no longer seq (the job is stale: another step committed, or a cancel)
+// or the workflow is gone (pruned).
+func LockTx(ctx context.Context, tx pgx.Tx, id string, seq int64) (*Info, error) {
+	i, err := scanInfo(tx.QueryRow(ctx, lockInfoSQL, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, pg.Translate(fmt.Errorf("error locking workflow %s: %w", id, err))
+	}
+	if i.Seq != seq {
+		return nil, nil
+	}
+	return i, nil
+}
+
+// Event is what resumes a step execution: the step to run and what the step
+// gets; or, with Rearm, nothing yet (the job re-arms itself for RearmAt).
+type Event struct {
+	Step     string
+	Signal   *Signal
+	TimedOut bool
+	Children []ChildOutcome
+	// Rearm: the awaited event has not come; wait again until RearmAt (on
+	// compute_now()), or for a wake-up without a deadline.
+	Rearm   bool
+	RearmAt *time.Time
+}
+
+// Decide reads what resumes instance i (read from db, in its locked
+// transaction or not): the step, a signal from the inbox, the children's
+// outcomes, a deadline passed, or nothing yet.
+func Decide(ctx context.Context, db pg.DBTX, i *Info) (Event, error) {
+	switch i.Status {
+	case Sleeping:
+		if i.WakeAt != nil && i.WakeAt.After(i.Now) {
+			return Event{Rearm: true, RearmAt: i.WakeAt}, nil
+		}
+		return Event{Step: i.Step}, nil
+	case Waiting:
+		if i.Wait == nil {
+			return Event{Step: i.Step}, nil
+		}
+		if i.Wait.Signal != "" {
+			var s Signal
+			err := db.QueryRow(ctx, `SELECT id, payload, sent_at FROM compute_workflow_signals
+				WHERE workflow_id = $1 AND name = $2 AND consumed_at IS NULL ORDER BY id LIMIT 1`, i.ID, i.Wait.Signal).
+				Scan(&s.id, &s.Payload, &s.SentAt)
+			switch {
+			case err == nil:
+				s.Name = i.Wait.Signal
+				return Event{Step: i.Step, Signal: &s}, nil
+			case !errors.Is(err, pgx.ErrNoRows):
+				return Event{}, pg.Translate(fmt.Errorf("error reading the inbox of workflow %s: %w", i.ID, err))
+			}
+		} else {
+			cs, err := children(ctx, db, i.ID, i.Wait.Since)
+			if err != nil {
+				return Event{}, err
+			}
+			done := 0
+			for _, c := range cs {
+				if c.Status.Finished() {
+					done++
+				}
+			}
+			if done == len(cs) || (i.Wait.Children == "any" && done > 0) {
+				return Event{Step: i.Step, Children: cs}, nil
+			}
+		}
+		if i.WakeAt != nil && !i.WakeAt.After(i.Now) {
+			return Event{Step: i.Wait.TimeoutStep, TimedOut: true}, nil
+		}
+		return Event{Rearm: true, RearmAt: i.WakeAt}, nil
+	}
+	return Event{Step: i.Step}, nil
+}
+
+func children(ctx context.Context, db pg.DBTX, id string, since int64) ([]ChildOutcome, error) {
+	rows, err := db.Query(ctx, `SELECT id, kind, status, result, coalesce(error, '') FROM compute_workflows
+		WHERE parent_id = $1 AND parent_seq = $2 ORDER BY created_at, id`, id, since)
+	if err != nil {
+		return nil, pg.Translate(fmt.Errorf("error reading the children of workflow %s: %w", id, err))
+	}
+	defer rows.Close()
+	var out []ChildOutcome
+	for rows.Next() {
+		var c ChildOutcome
+		var status string
+		if err := rows.Scan(&c.ID, &c.Kind, &status, &c.Result, &c.Error); err != nil {
+			return nil, pg.Translate(err)
+		}
+		c.Status = Status(status)
+		out = append(out, c)
+	}
+	return out, pg.Translate(rows.Err())
+}
+
+// Transition is an instance's move to its next state, applied by AdvanceTx.
+type Transition struct {
+	Status Status
+	Step   string
+	// State is the new state; nil keeps the stored one.
+	State  json.RawMessage
+	Result json.RawMessage
+	Error  string
+	Wait   *WaitSpec
+	WakeAt *time.Time
+	// Job: the next step's River job, in Queue, due at RunAt (River's wall
+	// clock), with MaxAttempts.
+	Job         bool
+	Queue       string
+	RunAt       time.Time
+	MaxAttempts int
+	// Outcome, when set, writes a history row for the step execution that
+	// ends: what it led to, to NextStep, with the job's attempt, id and lease
+	// epoch, started at StartedAt.
+	Outcome    string
+	NextStep   string
+	Attempt    int
+	JobID      int64
+	LeaseEpoch int64
+	StartedAt  time.Time
+	// ConsumeSignal marks the signal consumed at this seq.
+	ConsumeSignal *Signal
+	// Children are started with this instance as their parent (at its new seq).
+	Children []Child
+	// CancelledBy marks a cancel (no step ran).
+	CancelledBy bool
+}
+
+// Plan turns a step's Next into the transition of instance i, for a
+// definition m, with the step's new state. The next job goes to queue.
+func Plan(m Meta, i *Info, ev Event, next Next, state json.RawMessage, queue string) (Transition, error) {
+	t := Transition{State: state, Queue: queue, RunAt: time.Now(), Outcome: next.op, Error: ""}
+	attemptsOf := func(step string) int {
+		s, _ := m.Step(step)
+		return s.Retry.attempts()
+	}
+	need := func(step, what string) error {
+		if step == "" {
+			return fault.New(fault.InvalidArgument, "workflow %s step %s: %s names no step", m.Kind, ev.Step, what)
+		}
+		if _, ok := m.Step(step); !ok {
+			return fault.New(fault.InvalidArgument, "workflow %s step %s: %s names step %s, which is not defined", m.Kind, ev.Step, what, step)
+		}
+		return nil
+	}
+	cancelling := i.Status == Cancelling
+	switch next.op {
+	case "goto":
+		if err := need(next.step, "Goto"); err != nil {
+			return t, err
+		}
+		t.Status, t.Step, t.NextStep, t.Job, t.MaxAttempts = Running, next.step, next.step, true, attemptsOf(next.step)
+		if cancelling {
+			t.Status = Cancelling
+		}
+	case "sleep":
+		if err := need(next.step, "Sleep"); err != nil {
+			return t, err
+		}
+		if next.d < 0 {
+			return t, fault.New(fault.InvalidArgument, "workflow %s step %s: Sleep of a negative duration", m.Kind, ev.Step)
+		}
+		wake := i.Now.Add(next.d)
+		t.Status, t.Step, t.NextStep, t.WakeAt, t.Job, t.MaxAttempts = Sleeping, next.step, next.step, &wake, true, attemptsOf(next.step)
+		t.RunAt = time.Now().Add(next.d)
+	case "await":
+		if err := need(next.step, "AwaitSignal"); err != nil {
+			return t, err
+		}
+		if !m.HasSignal(next.signal) {
+			return t, fault.New(fault.InvalidArgument, "workflow %s step %s: AwaitSignal of %q, which the workflow does not declare in Signals", m.Kind, ev.Step, next.signal)
+		}
+		t.Status, t.Step, t.NextStep, t.Job, t.MaxAttempts = Waiting, next.step, next.step, true, attemptsOf(next.step)
+		t.Wait = &WaitSpec{Signal: next.signal}
+		if next.d > 0 {
+			if err := need(next.timeoutStep, "AwaitSignal's timeout"); err != nil {
+				return t, err
+			}
+			wake := i.Now.Add(next.d)
+			t.WakeAt, t.Wait.TimeoutStep = &wake, next.timeoutStep
+		}
+		// Waits for the signal, or (below) its deadline; a wake-up makes it due.
+		t.RunAt = time.Now().Add(rearmDelay(i.Now, t.WakeAt))
+	case "children":
+		if err := need(next.step, "StartChildren"); err != nil {
+			return t, err
+		}
+		mode := "all"
+		if next.any {
+			mode = "any"
+		}
+		t.Status, t.Step, t.NextStep, t.Job, t.MaxAttempts = Waiting, next.step, next.step, true, attemptsOf(next.step)
+		t.Wait = &WaitSpec{Children: mode, Since: i.Seq + 1}
+		if next.d > 0 {
+			if err := need(next.timeoutStep, "StartChildren' timeout"); err != nil {
+				return t, err
+			}
+			wake := i.Now.Add(next.d)
+			t.WakeAt, t.Wait.TimeoutStep = &wake, next.timeoutStep
+		}
+		t.Children = next.children
+		if len(next.children) == 0 {
+			t.RunAt = time.Now()
+		} else {
+			t.RunAt = time.Now().Add(rearmDelay(i.Now, t.WakeAt))
+		}
+	case "finish":
+		res, err := encode("result of workflow "+m.Kind, next.result)
+		if err != nil {
+			return t, err
+		}
+		t.Status, t.Step, t.Result, t.Outcome = Completed, i.Step, res, "completed"
+		if cancelling {
+			t.Status, t.Result, t.Outcome, t.Error = Cancelled, nil, "cancelled", i.Error
+		}
+	case "fail":
+		t.Status, t.Step, t.Error, t.Outcome = Failed, ev.Step, next.reason, "failed"
+		if cancelling {
+			t.Status, t.Outcome, t.Error = Cancelled, "cancelled", i.Error+"; compensation failed: "+next.reason
+		}
+	default:
+		return t, fault.New(fault.InvalidArgument, "workflow %s step %s returned an empty Next (use Goto, Sleep, AwaitSignal, StartChildren, Finish or Fail)", m.Kind, ev.Step)
+	}
+	if t.Step == "" {
+		t.Step = ev.Step
+	}
+	if ev.Signal != nil {
+		t.ConsumeSignal = ev.Signal
+	}
+	return t, nil
+}
+
+// rearmDelay is how long a wait's job sleeps on River's clock before it looks
+// again: until the deadline, or an hour without one (a wake-up makes it due
+// sooner; the hour only bounds a lost one).
+func rearmDelay(now time.Time, wake *time.Time) time.Duration {
+	if wake == nil {
+		return time.Hour
+	}
+	return max(wake.Sub(now), 0)
+}
+
+// RearmTransition is the transition of a job whose awaited event has not come:
+// the instance stays as it is, and a new job (the next seq) waits for the
+// deadline or a wake-up.
+func RearmTransition(i *Info, queue string, attempts int) Transition {
+	return Transition{Status: i.Status, Step: i.Step, Result: i.Result, Error: i.Error, Wait: i.Wait, WakeAt: i.WakeAt,
+		Job: true, Queue: queue, RunAt: time.Now().Add(rearmDelay(i.Now, i.WakeAt)), MaxAttempts: attempts}
+}
+
+// FailTransition fails instance i at step (or sends it to onError) with err.
+func FailTransition(i *Info, step, onError, queue string, attempts int, err string) Transition {
+	if i.Status == Cancelling {
+		return Transition{Status: Cancelled, Step: step, Error: i.Error + "; compensation failed: " + err, Outcome: "cancelled"}
+	}
+	if onError != "" {
+		return Transition{Status: Running, Step: onError, NextStep: onError, Error: err, Outcome: "error", Job: true, Queue: queue, RunAt: time.Now(), MaxAttempts: attempts}
+	}
+	return Transition{Status: Failed, Step: step, Error: err, Outcome: "failed"}
+}
+
+const historySQL = `INSERT INTO compute_workflow_history
+    (workflow_id, seq, step, outcome, next_step, attempt, job_id, lease_epoch, started_at, committed_at, error)
+VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, NULLIF($7, 0), NULLIF($8, 0), coalesce($9, compute_now()), compute_now(), NULLIF($10, ''))`
+
+const consumeSQL = `UPDATE compute_workflow_signals SET consumed_at = compute_now(), consumed_seq = $3
+WHERE id = $1 AND workflow_id = $2 AND consumed_at IS NULL`
+
+const lockParentSQL = `SELECT 1 FROM compute_workflows WHERE id = $1 FOR NO KEY UPDATE`
+
+// AdvanceTx applies t to instance i, locked in tx at its seq: the instance's
+// new state and seq, its next job, the history row, the consumed signal, the
+// started children, and a finished child's wake-up of its waiting parent. It
+// returns the new seq.
+func AdvanceTx(ctx context.Context, tx pgx.Tx, i *Info, t Transition) (int64, error) {
+	var state, result, wait any
+	if t.State != nil {
+		if len(t.State) > MaxPayload {
+			return 0, fault.New(fault.InvalidArgument, "the state of workflow %s is %d bytes, over the limit of %d", i.ID, len(t.State), MaxPayload)
+		}
+		state = string(t.State)
+	}
+	if t.Result != nil {
+		result = string(t.Result)
+	}
+	if t.Wait != nil {
+		enc, _ := json.Marshal(t.Wait)
+		wait = string(enc)
+	}
+	var errText any
+	if t.Error != "" {
+		errText = truncate(t.Error, 4000)
+	}
+	if t.Job && t.Wait != nil && t.Wait.Signal != "" && time.Until(t.RunAt) > 0 {
+		// A signal already in the inbox (sent before this wait) resumes it at
+		// once. The instance is locked, so no signal commits unseen between
+		// this read and the commit: SignalTx waits for the lock, then sees the
+		// wait and wakes its job.
+		var consumed int64
+		if t.ConsumeSignal != nil {
+			consumed = t.ConsumeSignal.id
+		}
+		var waiting bool
+		err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM compute_workflow_signals
+			WHERE workflow_id = $1 AND name = $2 AND consumed_at IS NULL AND id <> $3)`, i.ID, t.Wait.Signal, consumed).Scan(&waiting)
+		if err != nil {
+			return 0, pg.Translate(fmt.Errorf("error reading the inbox of workflow %s: %w", i.ID, err))
+		}
+		if waiting {
+			t.RunAt = time.Now()
+		}
+	}
+	jobState := "available"
+	if time.Until(t.RunAt) > jobs.ScheduledAfter {
+		jobState = "scheduled"
+	}
+	maxAttempts := t.MaxAttempts
+	if maxAttempts <= 0 {
+		maxAttempts = DefaultAttempts
+	}
+	var newSeq int64
+	var jobID *int64
+	err := tx.QueryRow(ctx, jobs.AdvanceWorkflowSQL, i.ID, i.Seq, string(t.Status), t.Step, state, result, errText, wait,
+		t.WakeAt, t.Job, t.Queue, t.RunAt, jobState, maxAttempts).Scan(&newSeq, &jobID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fault.New(fault.Fenced, "workflow %s: seq %d is stale", i.ID, i.Seq)
+	}
+	if err != nil {
+		return 0, pg.Translate(fmt.Errorf("error advancing workflow %s: %w", i.ID, err))
+	}
+	b := &pgx.Batch{}
+	if t.Outcome != "" {
+		var started any
+		if !t.StartedAt.IsZero() {
+			started = t.StartedAt
+		}
+		b.Queue(historySQL, i.ID, i.Seq, i.Step, t.Outcome, t.NextStep, t.Attempt, t.JobID, t.LeaseEpoch, started, errText)
+	}
+	if t.ConsumeSignal != nil {
+		b.Queue(consumeSQL, t.ConsumeSignal.id, i.ID, i.Seq)
+	}
+	if t.Status.Finished() && i.ParentID != "" {
+		b.Queue(lockParentSQL, i.ParentID)
+		b.Queue(jobs.WakeWorkflowParentSQL, i.ParentID, i.ParentSeq, time.Now())
+	}
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return 0, pg.Translate(fmt.Errorf("error advancing workflow %s: %w", i.ID, err))
+		}
+	}
+	if len(t.Children) > 0 {
+		specs := make([]startSpec, len(t.Children))
+		for n, c := range t.Children {
+			id := c.ID
+			if id == "" {
+				id = i.ID + "/" + strconv.FormatInt(newSeq, 10) + "." + strconv.Itoa(n)
+			}
+			if err := ValidateID(id); err != nil {
+				return 0, err
+			}
+			if !kindRe.MatchString(c.Kind) {
+				return 0, fault.New(fault.InvalidArgument, "child %d of workflow %s: bad workflow kind %q", n, i.ID, c.Kind)
+			}
+			enc, err := encode("input of child workflow "+id, c.Input)
+			if err != nil {
+				return 0, err
+			}
+			specs[n] = startSpec{id: id, kind: c.Kind, input: enc}
+		}
+		if err := startManyTx(ctx, tx, specs, i.ID, newSeq); err != nil {
+			return 0, err
+		}
+	}
+	return newSeq, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

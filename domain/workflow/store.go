@@ -1,0 +1,467 @@
+package workflow
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
+)
+
+// MaxPayload is the largest input, state, result or signal payload, encoded as
+// JSON, that a workflow takes (INVALID_ARGUMENT past it).
+const MaxPayload = 256 << 10
+
+// Info is a workflow instance as stored.
+type Info struct {
+	ID         string          `json:"id"`
+	Kind       string          `json:"kind"`
+	Status     Status          `json:"status"`
+	Step       string          `json:"step"`
+	Seq        int64           `json:"seq"`
+	JobID      *int64          `json:"job_id,omitempty"`
+	Input      json.RawMessage `json:"input"`
+	State      json.RawMessage `json:"state,omitempty"`
+	Result     json.RawMessage `json:"result,omitempty"`
+	Error      string          `json:"error,omitempty"`
+	Wait       *WaitSpec       `json:"wait,omitempty"`
+	WakeAt     *time.Time      `json:"wake_at,omitempty"`
+	ParentID   string          `json:"parent_id,omitempty"`
+	ParentSeq  int64           `json:"parent_seq,omitempty"`
+	CreatedAt  time.Time       `json:"created_at"`
+	UpdatedAt  time.Time       `json:"updated_at"`
+	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+	// Now is compute_now() when the row was read.
+	Now time.Time `json:"-"`
+}
+
+// WaitSpec is what a waiting instance waits for.
+type WaitSpec struct {
+	Signal      string `json:"signal,omitempty"`
+	Children    string `json:"children,omitempty"` // all or any
+	Since       int64  `json:"since,omitempty"`    // the parent seq its children carry
+	TimeoutStep string `json:"timeout_step,omitempty"`
+}
+
+const infoColumns = `w.id, w.kind, w.status, w.step, w.seq, w.job_id, w.input, w.state, w.result,
+       coalesce(w.error, ''), w.wait, w.wake_at, coalesce(w.parent_id, ''), coalesce(w.parent_seq, 0),
+       w.created_at, w.updated_at, w.finished_at, compute_now()`
+
+func scanInfo(row pgx.Row) (*Info, error) {
+	var (
+		i      Info
+		status string
+		wait   []byte
+	)
+	err := row.Scan(&i.ID, &i.Kind, &status, &i.Step, &i.Seq, &i.JobID, &i.Input, &i.State, &i.Result,
+		&i.Error, &wait, &i.WakeAt, &i.ParentID, &i.ParentSeq, &i.CreatedAt, &i.UpdatedAt, &i.FinishedAt, &i.Now)
+	if err != nil {
+		return nil, err
+	}
+	i.Status = Status(status)
+	if len(wait) > 0 && string(wait) != "null" {
+		i.Wait = &WaitSpec{}
+		if err := json.Unmarshal(wait, i.Wait); err != nil {
+			return nil, err
+		}
+	}
+	return &i, nil
+}
+
+// ValidateID checks a workflow id: 1 to 255 of letters, digits and ._:/@-,
+// starting with a letter or digit (INVALID_ARGUMENT).
+func ValidateID(id string) error {
+	if !idRe.MatchString(id) {
+		return fault.New(fault.InvalidArgument, "bad workflow id %q: want 1 to 255 of [A-Za-z0-9._:/@-], starting with a letter or digit", id)
+	}
+	return nil
+}
+
+// NewID returns a random workflow id.
+func NewID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "wf_" + hex.EncodeToString(b[:])
+}
+
+// encode marshals v (a json.RawMessage as is) and checks the size limit.
+func encode(what string, v any) (json.RawMessage, error) {
+	var enc []byte
+	switch x := v.(type) {
+	case json.RawMessage:
+		enc = x
+	case []byte:
+		enc = x
+	default:
+		var err error
+		if enc, err = json.Marshal(v); err != nil {
+			return nil, fault.Wrap(fault.InvalidArgument, err, "the %s does not encode as JSON", what)
+		}
+	}
+	if len(enc) == 0 {
+		enc = []byte("null")
+	}
+	if !json.Valid(enc) {
+		return nil, fault.New(fault.InvalidArgument, "the %s is not valid JSON", what)
+	}
+	if len(enc) > MaxPayload {
+		return nil, fault.New(fault.InvalidArgument, "the %s is %d bytes, over the limit of %d", what, len(enc), MaxPayload)
+	}
+	return enc, nil
+}
+
+// StartOpts are a start's options.
+type StartOpts struct {
+	// ID is the workflow's id (ValidateID); empty for a new random one. Starting
+	// the same id twice with the same kind and input is one workflow; with
+	// another kind or input it is CONFLICT.
+	ID string
+}
+
+// StartTx starts a workflow of kind with input in the caller's transaction and
+// returns its id: if tx rolls back, nothing was started. The kind must have
+// been recorded by a migrate or a worker start of a binary that registers it
+// (INVALID_ARGUMENT otherwise). Use the typed Workflow.StartTx where you can.
+func StartTx(ctx context.Context, tx pgx.Tx, kind string, input any, opts *StartOpts) (string, error) {
+	var o StartOpts
+	if opts != nil {
+		o = *opts
+	}
+	if o.ID == "" {
+		o.ID = NewID()
+	}
+	if !kindRe.MatchString(kind) {
+		return "", fault.New(fault.InvalidArgument, "bad workflow kind %q", kind)
+	}
+	if err := ValidateID(o.ID); err != nil {
+		return "", err
+	}
+	enc, err := encode("input of workflow "+kind, input)
+	if err != nil {
+		return "", err
+	}
+	if err := startManyTx(ctx, tx, []startSpec{{id: o.ID, kind: kind, input: enc}}, "", 0); err != nil {
+		return "", err
+	}
+	return o.ID, nil
+}
+
+// StartTx starts a workflow of w's kind with in, in the caller's transaction:
+// see the package's StartTx.
+func (w *Workflow[In, S, Out]) StartTx(ctx context.Context, tx pgx.Tx, in In, opts *StartOpts) (string, error) {
+	return StartTx(ctx, tx, w.Kind, in, opts)
+}
+
+type startSpec struct {
+	id, kind string
+	input    json.RawMessage
+}
+
+// startManyTx inserts the instances of specs and their first jobs; an id that
+// exists with the same kind and input is fine, another is CONFLICT; an unknown
+// kind is INVALID_ARGUMENT.
+func startManyTx(ctx context.Context, tx pgx.Tx, specs []startSpec, parent string, parentSeq int64) error {
+	ids := make([]string, len(specs))
+	kinds := make([]string, len(specs))
+	inputs := make([]string, len(specs))
+	hashes := make([]int64, len(specs))
+	for i, s := range specs {
+		ids[i], kinds[i], inputs[i], hashes[i] = s.id, s.kind, string(s.input), int64(jobs.KeyHash(s.id))
+	}
+	var parentArg, parentSeqArg any
+	if parent != "" {
+		parentArg, parentSeqArg = parent, parentSeq
+	}
+	rows, err := tx.Query(ctx, jobs.StartWorkflowsSQL, ids, kinds, inputs, hashes, parentArg, parentSeqArg, time.Now())
+	if err != nil {
+		return pg.Translate(fmt.Errorf("error starting workflows: %w", err))
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return pg.Translate(fmt.Errorf("error starting workflows: %w", err))
+	}
+	if len(inserted) == len(specs) {
+		return nil
+	}
+	done := make(map[string]bool, len(inserted))
+	for _, id := range inserted {
+		done[id] = true
+	}
+	var rest []string
+	for _, id := range ids {
+		if !done[id] {
+			rest = append(rest, id)
+		}
+	}
+	// Each id left either exists (the same start again, or a conflict) or has
+	// a kind no binary recorded.
+	type existing struct {
+		kind  string
+		input json.RawMessage
+	}
+	have := map[string]existing{}
+	erows, err := tx.Query(ctx, `SELECT id, kind, input FROM compute_workflows WHERE id = ANY($1::text[])`, rest)
+	if err != nil {
+		return pg.Translate(err)
+	}
+	for erows.Next() {
+		var id string
+		var e existing
+		if err := erows.Scan(&id, &e.kind, &e.input); err != nil {
+			erows.Close()
+			return pg.Translate(err)
+		}
+		have[id] = e
+	}
+	erows.Close()
+	if err := erows.Err(); err != nil {
+		return pg.Translate(err)
+	}
+	for i, id := range ids {
+		if done[id] {
+			continue
+		}
+		e, ok := have[id]
+		if !ok {
+			return fault.New(fault.InvalidArgument, "unknown workflow kind %s (no binary that registers it has run migrate or a worker against this database)", kinds[i])
+		}
+		if e.kind != kinds[i] || !sameJSON(e.input, specs[i].input) {
+			return fault.New(fault.Conflict, "workflow %s already exists (kind %s) with a different kind or input", id, e.kind)
+		}
+	}
+	return nil
+}
+
+func sameJSON(a, b json.RawMessage) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return false
+	}
+	ea, _ := json.Marshal(x)
+	eb, _ := json.Marshal(y)
+	return string(ea) == string(eb)
+}
+
+// SignalOpts are a signal's options.
+type SignalOpts struct {
+	// DedupKey, optional: a second signal to the same workflow with the same
+	// key is not stored again (it counts once).
+	DedupKey string
+}
+
+// SignalResult is what SignalTx did.
+type SignalResult struct {
+	ID int64
+	// Duplicate is true when a signal with the same dedup key was already sent:
+	// nothing was stored.
+	Duplicate bool
+}
+
+// signalSQL locks the instance (so a step committing a wait and this signal
+// serialize), checks the name against the kind's recorded signals, and stores
+// the signal unless its dedup key was seen: $1 id, $2 name, $3 payload, $4
+// dedup key. Its rows: found, status, known name, signal id (NULL for a
+// duplicate).
+const signalSQL = `
+WITH w AS (
+    SELECT w.id, w.status, k.signals FROM compute_workflows w
+    LEFT JOIN compute_workflow_kinds k ON k.kind = w.kind
+    WHERE w.id = $1 FOR NO KEY UPDATE OF w
+), s AS (
+    INSERT INTO compute_workflow_signals (workflow_id, name, payload, dedup_key)
+    SELECT w.id, $2, $3::jsonb, $4 FROM w
+    WHERE $2 = ANY(w.signals) AND w.status NOT IN ('completed', 'failed', 'cancelled')
+    ON CONFLICT (workflow_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    RETURNING id
+)
+SELECT w.status, coalesce($2 = ANY(w.signals), false), (SELECT id FROM s) FROM w`
+
+// SignalTx sends the signal name with payload to workflow id, in the caller's
+// transaction: if tx rolls back, nothing was sent. A signal the workflow does
+// not wait for yet waits in its inbox. Unknown workflow: NOT_FOUND; a name the
+// kind does not declare: INVALID_ARGUMENT; a finished workflow: CONFLICT;
+// nothing written in each case.
+func SignalTx(ctx context.Context, tx pgx.Tx, id, name string, payload any, opts *SignalOpts) (SignalResult, error) {
+	if err := ValidateID(id); err != nil {
+		return SignalResult{}, err
+	}
+	if !nameRe.MatchString(name) {
+		return SignalResult{}, fault.New(fault.InvalidArgument, "bad signal name %q", name)
+	}
+	enc, err := encode("payload of signal "+name, payload)
+	if err != nil {
+		return SignalResult{}, err
+	}
+	var dedup any
+	if opts != nil && opts.DedupKey != "" {
+		dedup = opts.DedupKey
+	}
+	b := &pgx.Batch{}
+	b.Queue(signalSQL, id, name, string(enc), dedup)
+	// A second statement, so that it sees the job a step committed while this
+	// transaction waited for the instance's lock.
+	b.Queue(jobs.WakeWorkflowJobSQL, id, name, time.Now())
+	res := tx.SendBatch(ctx, b)
+	var (
+		status string
+		known  bool
+		sigID  *int64
+	)
+	err = res.QueryRow().Scan(&status, &known, &sigID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		_ = res.Close()
+		return SignalResult{}, fault.New(fault.NotFound, "no workflow %s", id)
+	}
+	if err != nil {
+		_ = res.Close()
+		return SignalResult{}, pg.Translate(fmt.Errorf("error signalling workflow %s: %w", id, err))
+	}
+	_, werr := res.Exec()
+	if err := res.Close(); err != nil && werr == nil {
+		werr = err
+	}
+	switch {
+	case !known:
+		return SignalResult{}, fault.New(fault.InvalidArgument, "workflow %s does not take signal %s", id, name)
+	case Status(status).Finished():
+		return SignalResult{}, fault.New(fault.Conflict, "workflow %s is %s: it takes no more signals", id, status)
+	case werr != nil:
+		return SignalResult{}, pg.Translate(fmt.Errorf("error waking workflow %s: %w", id, werr))
+	case sigID == nil:
+		return SignalResult{Duplicate: true}, nil
+	}
+	return SignalResult{ID: *sigID}, nil
+}
+
+// lockInfoSQL locks the instance row and reads it: $1 id.
+const lockInfoSQL = `SELECT ` + infoColumns + ` FROM compute_workflows w WHERE w.id = $1 FOR UPDATE`
+
+// CancelTx cancels workflow id and its unfinished descendants in the caller's
+// transaction, with reason: their outstanding step jobs are cancelled (a
+// running one is fenced by the seq), and each one's compensation step, if its
+// kind declares one, is scheduled to run once. Cancelling a cancelled (or
+// cancelling) workflow does nothing; a completed or failed one is CONFLICT; an
+// unknown one NOT_FOUND.
+func CancelTx(ctx context.Context, tx pgx.Tx, id, reason string) error {
+	if err := ValidateID(id); err != nil {
+		return err
+	}
+	if reason == "" {
+		reason = "cancelled"
+	}
+	root, err := scanInfo(tx.QueryRow(ctx, lockInfoSQL, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fault.New(fault.NotFound, "no workflow %s", id)
+	}
+	if err != nil {
+		return pg.Translate(fmt.Errorf("error cancelling workflow %s: %w", id, err))
+	}
+	switch root.Status {
+	case Cancelled, Cancelling:
+		return nil
+	case Completed, Failed:
+		return fault.New(fault.Conflict, "workflow %s is %s: there is nothing to cancel", id, root.Status)
+	}
+	// The unfinished descendants, parents first, locked.
+	rows, err := tx.Query(ctx, `
+WITH RECURSIVE t AS (
+    SELECT c.id, 1 AS depth FROM compute_workflows c WHERE c.parent_id = $1
+    UNION ALL
+    SELECT c.id, t.depth + 1 FROM compute_workflows c JOIN t ON c.parent_id = t.id
+)
+SELECT `+infoColumns+` FROM compute_workflows w JOIN t ON t.id = w.id
+WHERE w.finished_at IS NULL AND w.status <> 'cancelling'
+ORDER BY t.depth, w.id FOR UPDATE OF w`, id)
+	if err != nil {
+		return pg.Translate(fmt.Errorf("error cancelling the children of workflow %s: %w", id, err))
+	}
+	all := []*Info{root}
+	for rows.Next() {
+		i, err := scanInfo(rows)
+		if err != nil {
+			rows.Close()
+			return pg.Translate(err)
+		}
+		all = append(all, i)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return pg.Translate(err)
+	}
+	kinds := map[string]string{} // kind -> compensation step
+	krows, err := tx.Query(ctx, `SELECT kind, coalesce(compensate, '') FROM compute_workflow_kinds`)
+	if err != nil {
+		return pg.Translate(err)
+	}
+	for krows.Next() {
+		var k, c string
+		if err := krows.Scan(&k, &c); err != nil {
+			krows.Close()
+			return pg.Translate(err)
+		}
+		kinds[k] = c
+	}
+	krows.Close()
+	count, err := jobs.ShardCountTx(ctx, tx)
+	if err != nil {
+		return pg.Translate(err)
+	}
+	var oldJobs []int64
+	for _, i := range all {
+		why := reason
+		if i != root {
+			why = fmt.Sprintf("parent workflow %s cancelled: %s", root.ID, reason)
+		}
+		if i.JobID != nil {
+			oldJobs = append(oldJobs, *i.JobID)
+		}
+		t := Transition{Status: Cancelled, Step: i.Step, Error: why, Outcome: "cancelled", CancelledBy: true}
+		if comp := kinds[i.Kind]; comp != "" {
+			t = Transition{Status: Cancelling, Step: comp, Error: why, Outcome: "cancelled", NextStep: comp,
+				Job: true, Queue: jobs.ShardQueue(jobs.ShardOf(i.ID, count)), RunAt: time.Now(), MaxAttempts: DefaultAttempts}
+		}
+		if _, err := AdvanceTx(ctx, tx, i, t); err != nil {
+			return err
+		}
+	}
+	if len(oldJobs) > 0 {
+		if _, err := tx.Exec(ctx, jobs.CancelWorkflowJobsSQL, oldJobs, "workflow cancelled: "+reason, time.Now()); err != nil {
+			return pg.Translate(fmt.Errorf("error cancelling the step jobs of workflow %s: %w", id, err))
+		}
+	}
+	return nil
+}
+
+// RetryTx resumes a failed workflow at its failed step (a fresh set of
+// attempts), in the caller's transaction. A workflow that is not failed is
+// CONFLICT; an unknown one NOT_FOUND.
+func RetryTx(ctx context.Context, tx pgx.Tx, id string) error {
+	if err := ValidateID(id); err != nil {
+		return err
+	}
+	i, err := scanInfo(tx.QueryRow(ctx, lockInfoSQL, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fault.New(fault.NotFound, "no workflow %s", id)
+	}
+	if err != nil {
+		return pg.Translate(err)
+	}
+	if i.Status != Failed {
+		return fault.New(fault.Conflict, "workflow %s is %s: only a failed workflow can be retried", id, i.Status)
+	}
+	queue, err := jobs.ShardQueueOfTx(ctx, tx, id)
+	if err != nil {
+		return pg.Translate(err)
+	}
+	_, err = AdvanceTx(ctx, tx, i, Transition{Status: Running, Step: i.Step, Outcome: "retried", NextStep: i.Step,
+		Job: true, Queue: queue, RunAt: time.Now(), MaxAttempts: DefaultAttempts})
+	return err
+}

@@ -1,0 +1,353 @@
+// Package workflowworker runs durable workflows (domain/workflow) in worker
+// processes: the step worker (one River job per step, fenced three ways), the
+// timer wake-ups on compute_now(), retention, the versioning check at start,
+// and the registration an application's module uses (Add).
+//
+//	Register: func(r *workers.Registry) error {
+//		return workflowworker.Add(r, Order)
+//	}
+package workflowworker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river"
+	"github.com/rs/zerolog"
+
+	"github.com/bettercompute/bettercompute/domain/workflow"
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers"
+)
+
+// Options configure the workflow machinery of a worker process.
+type Options struct {
+	// Retention is how long finished workflows and their history are kept
+	// (default 7 days); PruneEvery how often they are pruned (default 10 min).
+	Retention  time.Duration
+	PruneEvery time.Duration
+	// WakeEvery is how often each worker process wakes the jobs of sleeping
+	// and waiting workflows whose deadline has come on compute_now()
+	// (default 1 s).
+	WakeEvery time.Duration
+}
+
+// Defaults of Options.
+const (
+	DefaultRetention  = 7 * 24 * time.Hour
+	DefaultPruneEvery = 10 * time.Minute
+	DefaultWakeEvery  = time.Second
+)
+
+// part is a registry's workflow machinery: its definitions and options.
+type part struct {
+	mu      sync.Mutex
+	defs    map[string]workflow.Definition
+	order   []string
+	opts    Options
+	metrics *metrics
+	// afterStep, set by tests, runs after a step's function and before its
+	// transaction commits (nil in production).
+	afterStep func(ctx context.Context, args jobs.WorkflowStep)
+}
+
+func newPart() *part {
+	return &part{defs: map[string]workflow.Definition{}, opts: Options{
+		Retention: DefaultRetention, PruneEvery: DefaultPruneEvery, WakeEvery: DefaultWakeEvery,
+	}}
+}
+
+// Install implements workers.Part.
+func (p *part) Install(r *workers.Registry) error {
+	return errors.Join(
+		workers.AddWorker(r, &stepWorker{p: p}),
+		workers.AddMaintenanceWorker(r, &pruneWorker{p: p}),
+		workers.AddPeriodic(r, river.NewPeriodicJob(pruneSchedule{p},
+			func() (river.JobArgs, *river.InsertOpts) { return jobs.WorkflowPrune{}, nil },
+			&river.PeriodicJobOpts{RunOnStart: true},
+		)),
+		func() error {
+			r.OnRecord(func(ctx context.Context, db pg.DBTX) error { return workflow.RecordKinds(ctx, db, p.metas()) })
+			r.OnCheck(func(ctx context.Context, db pg.DBTX) error { return workflow.CheckDefinitions(ctx, db, p.metas()) })
+			r.OnStart(func(ctx context.Context, rt *workers.Runtime) error {
+				p.metricsFor(rt)
+				go p.wakeLoop(ctx, rt)
+				return nil
+			})
+			return nil
+		}(),
+	)
+}
+
+// Register installs the workflow machinery in r with opts (nil for the
+// defaults): the built-in module's registration. Add installs it too.
+func Register(r *workers.Registry, opts *Options) error {
+	p, err := workers.Use(r, newPart)
+	if err != nil {
+		return err
+	}
+	if opts != nil {
+		return Configure(r, *opts)
+	}
+	_ = p
+	return nil
+}
+
+// Configure sets the options of r's workflow machinery (zero fields keep their
+// defaults). It returns INVALID_CONFIG for a negative duration.
+func Configure(r *workers.Registry, o Options) error {
+	if o.Retention < 0 || o.PruneEvery < 0 || o.WakeEvery < 0 {
+		return fault.New(fault.InvalidConfig, "workflowworker.Configure: a negative duration")
+	}
+	p, err := workers.Use(r, newPart)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if o.Retention > 0 {
+		p.opts.Retention = o.Retention
+	}
+	if o.PruneEvery > 0 {
+		p.opts.PruneEvery = o.PruneEvery
+	}
+	if o.WakeEvery > 0 {
+		p.opts.WakeEvery = o.WakeEvery
+	}
+	return nil
+}
+
+// Add registers the workflow definition d (a *workflow.Workflow[In, S, Out])
+// in every worker process built from r, and records its kind, steps and
+// signals at migrate and at every worker start. It returns INVALID_CONFIG for
+// a bad definition or a kind registered twice.
+func Add(r *workers.Registry, d workflow.Definition) error {
+	if d == nil {
+		return fault.New(fault.InvalidConfig, "workflowworker.Add: nil definition")
+	}
+	if err := d.Validate(); err != nil {
+		return err
+	}
+	p, err := workers.Use(r, newPart)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	kind := d.Meta().Kind
+	if _, dup := p.defs[kind]; dup {
+		return fault.New(fault.InvalidConfig, "workflow %s is registered twice", kind)
+	}
+	p.defs[kind] = d
+	p.order = append(p.order, kind)
+	return nil
+}
+
+// Definitions returns the workflow definitions registered in r, by kind.
+func Definitions(r *workers.Registry) map[string]workflow.Definition {
+	p, err := workers.Use(r, newPart)
+	if err != nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]workflow.Definition, len(p.defs))
+	for k, d := range p.defs {
+		out[k] = d
+	}
+	return out
+}
+
+func (p *part) metas() []workflow.Meta {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]workflow.Meta, 0, len(p.order))
+	for _, k := range p.order {
+		out = append(out, p.defs[k].Meta())
+	}
+	return out
+}
+
+func (p *part) def(kind string) workflow.Definition {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.defs[kind]
+}
+
+// wakeLoop wakes the due timers every WakeEvery until the runtime stops.
+func (p *part) wakeLoop(ctx context.Context, rt *workers.Runtime) {
+	t := time.NewTicker(p.opts.WakeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := workflow.WakeDue(ctx, rt.Pool())
+		if err != nil && ctx.Err() == nil {
+			log(rt).Debug().Err(err).Msg("could not wake due workflows; retrying")
+		} else if n > 0 {
+			log(rt).Debug().Int64("woken", n).Msg("woke workflows whose deadline came")
+		}
+	}
+}
+
+// pruneSchedule runs retention every PruneEvery, as configured when it asks.
+type pruneSchedule struct{ p *part }
+
+func (s pruneSchedule) Next(t time.Time) time.Time {
+	s.p.mu.Lock()
+	defer s.p.mu.Unlock()
+	return t.Add(s.p.opts.PruneEvery)
+}
+
+// pruneWorker deletes finished workflows past their retention.
+type pruneWorker struct {
+	river.WorkerDefaults[jobs.WorkflowPrune]
+	p *part
+}
+
+func (w *pruneWorker) Work(ctx context.Context, job *river.Job[jobs.WorkflowPrune]) error {
+	rt := workers.RuntimeFrom(ctx)
+	n, err := workflow.Prune(ctx, rt.Pool(), w.p.opts.Retention, 1000)
+	if n > 0 {
+		log(rt).Info().Int64("pruned", n).Dur("retention", w.p.opts.Retention).Msg("pruned finished workflows")
+	}
+	return err
+}
+
+// metrics are the workflow metrics of a worker process.
+type metrics struct {
+	started  *prometheus.CounterVec
+	finished *prometheus.CounterVec
+	steps    *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+func (p *part) metricsFor(rt *workers.Runtime) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.metrics != nil {
+		return
+	}
+	m := &metrics{
+		started: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bettercompute_workflows_started_total",
+			Help: "Workflows whose first step this process ran, by workflow kind.",
+		}, []string{"workflow"}),
+		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bettercompute_workflows_finished_total",
+			Help: "Workflows this process finished, by workflow kind and status (completed, failed, cancelled).",
+		}, []string{"workflow", "status"}),
+		steps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bettercompute_workflow_steps_total",
+			Help: "Workflow step executions by workflow kind, step and outcome (goto, sleep, await, children, completed, failed, cancelled, error, retry, stale, rearm).",
+		}, []string{"workflow", "step", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "bettercompute_workflow_step_duration_seconds",
+			Help:    "Time of one workflow step execution (its function and its transaction), by workflow kind and step.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
+		}, []string{"workflow", "step"}),
+	}
+	if reg := rt.Metrics().Registerer(); reg != nil {
+		for _, c := range []prometheus.Collector{m.started, m.finished, m.steps, m.duration} {
+			if err := reg.Register(c); err != nil {
+				var are prometheus.AlreadyRegisteredError
+				if !errors.As(err, &are) {
+					log(rt).Warn().Err(err).Msg("cannot register workflow metrics")
+				}
+			}
+		}
+	}
+	p.metrics = m
+}
+
+func (p *part) observe(kind, step, outcome string, took time.Duration, status workflow.Status, first bool) {
+	p.mu.Lock()
+	m := p.metrics
+	p.mu.Unlock()
+	if m == nil {
+		return
+	}
+	m.steps.WithLabelValues(kind, step, outcome).Inc()
+	if took > 0 {
+		m.duration.WithLabelValues(kind, step).Observe(took.Seconds())
+	}
+	if first {
+		m.started.WithLabelValues(kind).Inc()
+	}
+	if status.Finished() {
+		m.finished.WithLabelValues(kind, string(status)).Inc()
+	}
+}
+
+// Collector exports the workflows by kind and status and the signals waiting
+// in inboxes, read from the database at each scrape (serve registers it).
+type Collector struct {
+	db       *pg.Pool
+	byStatus *prometheus.Desc
+	signals  *prometheus.Desc
+}
+
+// NewCollector returns a Collector reading db.
+func NewCollector(db *pg.Pool) *Collector {
+	return &Collector{db: db,
+		byStatus: prometheus.NewDesc("bettercompute_workflows", "Workflows stored, by workflow kind and status.", []string{"workflow", "status"}, nil),
+		signals:  prometheus.NewDesc("bettercompute_workflow_signals_waiting", "Signals sent and not yet consumed, across all workflows.", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) { ch <- c.byStatus; ch <- c.signals }
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	counts, err := workflow.Count(ctx, c.db)
+	if err != nil {
+		return
+	}
+	keys := make([][2]string, 0, len(counts.ByKindStatus))
+	for k := range counts.ByKindStatus {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i][0]+keys[i][1] < keys[j][0]+keys[j][1] })
+	for _, k := range keys {
+		ch <- prometheus.MustNewConstMetric(c.byStatus, prometheus.GaugeValue, float64(counts.ByKindStatus[k]), k[0], k[1])
+	}
+	ch <- prometheus.MustNewConstMetric(c.signals, prometheus.GaugeValue, float64(counts.SignalsWaiting))
+}
+
+// StartTx is workflow.StartTx, for callers that hold the registry: it checks
+// the kind and that input decodes into the definition's input type before
+// writing (INVALID_ARGUMENT). The CLI's workflow start uses it.
+func StartTx(ctx context.Context, r *workers.Registry, tx pgx.Tx, kind string, input json.RawMessage, opts *workflow.StartOpts) (string, error) {
+	d := Definitions(r)[kind]
+	if d == nil {
+		known := make([]string, 0)
+		for k := range Definitions(r) {
+			known = append(known, k)
+		}
+		sort.Strings(known)
+		return "", fault.New(fault.InvalidArgument, "unknown workflow kind %q (this binary defines: %v)", kind, known)
+	}
+	if err := d.DecodeInput(input); err != nil {
+		return "", err
+	}
+	return workflow.StartTx(ctx, tx, kind, input, opts)
+}
+
+func log(rt *workers.Runtime) *zerolog.Logger {
+	l := rt.Log().With().Str("component", "workflow").Logger()
+	return &l
+}
