@@ -147,6 +147,9 @@ type Transition struct {
 	ConsumeSignal *Signal
 	// Children are started with this instance as their parent (at its new seq).
 	Children []Child
+	// RanStep is the step whose execution ends (for the history row), when it
+	// is not the instance's current step (an await's timeout step).
+	RanStep string
 	// CancelledBy marks a cancel (no step ran).
 	CancelledBy bool
 }
@@ -154,7 +157,7 @@ type Transition struct {
 // Plan turns a step's Next into the transition of instance i, for a
 // definition m, with the step's new state. The next job goes to queue.
 func Plan(m Meta, i *Info, ev Event, next Next, state json.RawMessage, queue string) (Transition, error) {
-	t := Transition{State: state, Queue: queue, RunAt: time.Now(), Outcome: next.op, Error: ""}
+	t := Transition{State: state, Queue: queue, RunAt: time.Now(), Outcome: next.op, RanStep: ev.Step}
 	attemptsOf := func(step string) int {
 		s, _ := m.Step(step)
 		return s.Retry.attempts()
@@ -234,7 +237,7 @@ func Plan(m Meta, i *Info, ev Event, next Next, state json.RawMessage, queue str
 		if err != nil {
 			return t, err
 		}
-		t.Status, t.Step, t.Result, t.Outcome = Completed, i.Step, res, "completed"
+		t.Status, t.Step, t.Result, t.Outcome = Completed, ev.Step, res, "completed"
 		if cancelling {
 			t.Status, t.Result, t.Outcome, t.Error = Cancelled, nil, "cancelled", i.Error
 		}
@@ -276,12 +279,12 @@ func RearmTransition(i *Info, queue string, attempts int) Transition {
 // FailTransition fails instance i at step (or sends it to onError) with err.
 func FailTransition(i *Info, step, onError, queue string, attempts int, err string) Transition {
 	if i.Status == Cancelling {
-		return Transition{Status: Cancelled, Step: step, Error: i.Error + "; compensation failed: " + err, Outcome: "cancelled"}
+		return Transition{Status: Cancelled, Step: step, RanStep: step, Error: i.Error + "; compensation failed: " + err, Outcome: "cancelled"}
 	}
 	if onError != "" {
-		return Transition{Status: Running, Step: onError, NextStep: onError, Error: err, Outcome: "error", Job: true, Queue: queue, RunAt: time.Now(), MaxAttempts: attempts}
+		return Transition{Status: Running, Step: onError, RanStep: step, NextStep: onError, Error: err, Outcome: "error", Job: true, Queue: queue, RunAt: time.Now(), MaxAttempts: attempts}
 	}
-	return Transition{Status: Failed, Step: step, Error: err, Outcome: "failed"}
+	return Transition{Status: Failed, Step: step, RanStep: step, Error: err, Outcome: "failed"}
 }
 
 const historySQL = `INSERT INTO compute_workflow_history
@@ -343,23 +346,23 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, i *Info, t Transition) (int64, er
 	if maxAttempts <= 0 {
 		maxAttempts = DefaultAttempts
 	}
-	var newSeq int64
-	var jobID *int64
-	err := tx.QueryRow(ctx, jobs.AdvanceWorkflowSQL, i.ID, i.Seq, string(t.Status), t.Step, state, result, errText, wait,
-		t.WakeAt, t.Job, t.Queue, t.RunAt, jobState, maxAttempts).Scan(&newSeq, &jobID)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, fault.New(fault.Fenced, "workflow %s: seq %d is stale", i.ID, i.Seq)
-	}
-	if err != nil {
-		return 0, pg.Translate(fmt.Errorf("error advancing workflow %s: %w", i.ID, err))
-	}
+	// One round trip: the instance's move and its next job, the history row,
+	// the consumed signal, and a finished child's wake-up of its parent (after
+	// locking the parent, in a statement of its own so that it sees the
+	// parent's committed wait).
 	b := &pgx.Batch{}
+	b.Queue(jobs.AdvanceWorkflowSQL, i.ID, i.Seq, string(t.Status), t.Step, state, result, errText, wait,
+		t.WakeAt, t.Job, t.Queue, t.RunAt, jobState, maxAttempts)
 	if t.Outcome != "" {
 		var started any
 		if !t.StartedAt.IsZero() {
 			started = t.StartedAt
 		}
-		b.Queue(historySQL, i.ID, i.Seq, i.Step, t.Outcome, t.NextStep, t.Attempt, t.JobID, t.LeaseEpoch, started, errText)
+		ran := t.RanStep
+		if ran == "" {
+			ran = i.Step
+		}
+		b.Queue(historySQL, i.ID, i.Seq, ran, t.Outcome, t.NextStep, t.Attempt, t.JobID, t.LeaseEpoch, started, errText)
 	}
 	if t.ConsumeSignal != nil {
 		b.Queue(consumeSQL, t.ConsumeSignal.id, i.ID, i.Seq)
@@ -368,10 +371,21 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, i *Info, t Transition) (int64, er
 		b.Queue(lockParentSQL, i.ParentID)
 		b.Queue(jobs.WakeWorkflowParentSQL, i.ParentID, i.ParentSeq, time.Now())
 	}
-	if b.Len() > 0 {
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return 0, pg.Translate(fmt.Errorf("error advancing workflow %s: %w", i.ID, err))
-		}
+	res := tx.SendBatch(ctx, b)
+	var newSeq int64
+	var jobID *int64
+	err := res.QueryRow().Scan(&newSeq, &jobID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		_ = res.Close()
+		return 0, fault.New(fault.Fenced, "workflow %s: seq %d is stale", i.ID, i.Seq)
+	}
+	if err == nil {
+		err = res.Close()
+	} else {
+		_ = res.Close()
+	}
+	if err != nil {
+		return 0, pg.Translate(fmt.Errorf("error advancing workflow %s: %w", i.ID, err))
 	}
 	if len(t.Children) > 0 {
 		specs := make([]startSpec, len(t.Children))

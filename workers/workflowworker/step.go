@@ -60,6 +60,15 @@ func (w *stepWorker) Work(ctx context.Context, job *river.Job[jobs.WorkflowStep]
 	}
 	e := &exec{w: w, rt: rt, job: job, l: l, start: time.Now()}
 	a := job.Args
+	if d := w.p.def(a.Workflow); d != nil {
+		if step, ok := d.Meta().Step(a.Step); ok && !step.External {
+			// A transactional step needs no read before its transaction: it
+			// locks, decides and checks the seq there (and takes the external
+			// path on the next run should the event pick an external step).
+			e.def, e.meta = d, d.Meta()
+			return e.transactional(ctx, step)
+		}
+	}
 
 	// Read first, unlocked: an external step calls out before its transaction,
 	// and a stale job needs no more than a no-op completion.
