@@ -164,7 +164,7 @@ func (e *exec) transactional(ctx context.Context, step workflow.StepMeta) error 
 		inv := e.invocation(inst, ev)
 		// A failing step rolls the whole transaction back; failed records the
 		// failure, when it is final, in a transaction of its own.
-		next, err := e.def.Run(ctx, tx, inv)
+		next, err := e.run(ctx, tx, inv)
 		if err != nil {
 			return err
 		}
@@ -192,7 +192,7 @@ func (e *exec) transactional(ctx context.Context, step workflow.StepMeta) error 
 // external runs an external step: call out, then record under the fences.
 func (e *exec) external(ctx context.Context, inst *workflow.Info, ev workflow.Event, step workflow.StepMeta) error {
 	inv := e.invocation(inst, ev)
-	next, err := e.def.Run(ctx, nil, inv)
+	next, err := e.run(ctx, nil, inv)
 	if err != nil {
 		return e.failed(ctx, ev.Step, err)
 	}
@@ -224,6 +224,19 @@ func (e *exec) external(ctx context.Context, inst *workflow.Info, ev workflow.Ev
 	return nil
 }
 
+// run runs the step, turning a panic into the step's error: River would
+// retry a panicking job and finally discard it, leaving the workflow with no
+// job; as an error it follows the step's retry policy and fails the workflow
+// (or goes to OnError) at the last attempt.
+func (e *exec) run(ctx context.Context, tx pgx.Tx, inv *workflow.Invocation) (next workflow.Next, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("step %s panicked: %v", inv.Step, r)
+		}
+	}()
+	return e.def.Run(ctx, tx, inv)
+}
+
 // stamp fills the history fields of t from this execution.
 func (e *exec) stamp(t *workflow.Transition, inst *workflow.Info) {
 	t.Attempt, t.JobID, t.LeaseEpoch = e.job.Attempt, e.job.ID, e.l.Epoch
@@ -237,21 +250,30 @@ func (e *exec) stamp(t *workflow.Transition, inst *workflow.Info) {
 // over the limit) and a last attempt fail the workflow (or go to the step's
 // OnError step); anything else is retried with the step's backoff.
 func (e *exec) failed(ctx context.Context, step string, err error) error {
-	switch {
-	case fault.Has(err, fault.Fenced), ctx.Err() != nil:
-		return err
-	case errors.Is(err, workflow.ErrUndecodable):
-		if ferr := e.fail(ctx, step, "", err.Error(), err); ferr != nil {
-			return ferr
-		}
-		return river.JobCancel(err)
-	}
 	sm, _ := e.meta.Step(step)
 	attempts := sm.Retry.Attempts
 	if attempts <= 0 {
 		attempts = workflow.DefaultAttempts
 	}
 	last := e.job.Attempt >= attempts || e.job.Attempt >= e.job.MaxAttempts
+	switch {
+	case fault.Has(err, fault.Fenced), fault.Has(context.Cause(ctx), fault.Fenced):
+		return err
+	case ctx.Err() != nil && (!last || !errors.Is(ctx.Err(), context.DeadlineExceeded)):
+		return err // a stop hands the job back; an attempt left retries
+	case ctx.Err() != nil:
+		// The last attempt ran out of time (the job timeout): River would
+		// discard the job and leave the workflow without one, so the failure
+		// is recorded now, fenced as ever.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+	case errors.Is(err, workflow.ErrUndecodable):
+		if ferr := e.fail(ctx, step, "", err.Error(), err); ferr != nil {
+			return ferr
+		}
+		return river.JobCancel(err)
+	}
 	if !fault.Has(err, fault.InvalidArgument) && !last {
 		e.w.p.observe(e.job.Args.Workflow, step, "retry", time.Since(e.start), "", false)
 		return err

@@ -741,3 +741,26 @@ func TestBehindPgBouncer(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, list, 2)
 }
+
+// TestAPanickingStepFailsTheWorkflowAtItsLastAttempt: a panic is the step's
+// error, retried by its policy, and never leaves the workflow without a job.
+func TestAPanickingStepFailsTheWorkflowAtItsLastAttempt(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	wf := &workflow.Workflow[struct{}, int, int]{
+		Kind: "panicky",
+		Steps: []workflow.Step[int]{
+			{Name: "boom", Retry: workflow.Retry{Attempts: 2, Backoff: 10 * time.Millisecond},
+				Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[int]) (workflow.Next, error) {
+					runs.Add(1)
+					panic("nil map")
+				}},
+		},
+	}
+	e := start(t, wf)
+	id := startWF(t, e.db.Pool, "panicky", struct{}{}, "pa-1")
+	i := wait(t, e.db.Pool, id)
+	require.Equal(t, workflow.Failed, i.Status)
+	require.Contains(t, i.Error, "step boom panicked: nil map")
+	require.Equal(t, int32(2), runs.Load())
+}
