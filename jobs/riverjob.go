@@ -16,6 +16,7 @@ package jobs
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -675,3 +676,23 @@ const CancelWorkflowJobsSQL = `
 UPDATE river_job SET state = 'cancelled', finalized_at = $3::timestamptz,
        errors = array_append(errors, jsonb_build_object('at', $3::timestamptz, 'attempt', attempt, 'error', $2::text, 'trace', ''))
 WHERE id = ANY($1::bigint[]) AND state IN ('available', 'scheduled', 'retryable', 'pending')`
+
+// StuckWorkflowsSQL lists unfinished workflows whose step job is not live (an
+// operator cancelled or deleted it, say): they never advance until retried.
+// Up to 10, oldest first, with their total.
+const StuckWorkflowsSQL = `
+SELECT w.id, w.kind, w.step, coalesce(w.job_id, 0), coalesce(j.state::text, 'missing'), count(*) OVER ()
+FROM compute_workflows w LEFT JOIN river_job j ON j.id = w.job_id
+WHERE w.status IN ('running', 'sleeping', 'waiting', 'cancelling')
+  AND (j.id IS NULL OR j.state NOT IN ` + liveStatesSQL + `)
+ORDER BY w.updated_at, w.id LIMIT 10`
+
+// JobState returns job id's state, and false when there is no such job.
+func JobState(ctx context.Context, db pg.DBTX, id int64) (string, bool, error) {
+	var s string
+	err := db.QueryRow(ctx, jobStateSQL, id).Scan(&s)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", false, nil
+	}
+	return s, err == nil, err
+}

@@ -57,6 +57,7 @@ func riverJobStatements() map[string]string {
 		"WakeWorkflowParentSQL":        WakeWorkflowParentSQL,
 		"WakeDueWorkflowsSQL":          WakeDueWorkflowsSQL,
 		"CancelWorkflowJobsSQL":        CancelWorkflowJobsSQL,
+		"StuckWorkflowsSQL":            StuckWorkflowsSQL,
 	}
 }
 

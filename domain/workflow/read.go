@@ -340,3 +340,32 @@ func Count(ctx context.Context, db pg.DBTX) (Counts, error) {
 	err = db.QueryRow(ctx, `SELECT count(*) FROM compute_workflow_signals WHERE consumed_at IS NULL`).Scan(&c.SignalsWaiting)
 	return c, pg.Translate(err)
 }
+
+// Stuck is an unfinished workflow whose step job is not live.
+type Stuck struct {
+	ID, Kind, Step string
+	JobID          int64
+	// JobState is the job's River state, or "missing" (deleted).
+	JobState string
+}
+
+// FindStuck returns up to 10 unfinished workflows whose step job is not live
+// (cancelled, discarded or deleted by hand, in River UI say), oldest first, and
+// how many there are: they never advance until RetryTx gives them a new job.
+func FindStuck(ctx context.Context, db pg.DBTX) ([]Stuck, int, error) {
+	rows, err := db.Query(ctx, jobs.StuckWorkflowsSQL)
+	if err != nil {
+		return nil, 0, pg.Translate(fmt.Errorf("error looking for workflows without a live step job: %w", err))
+	}
+	defer rows.Close()
+	var out []Stuck
+	total := 0
+	for rows.Next() {
+		var s Stuck
+		if err := rows.Scan(&s.ID, &s.Kind, &s.Step, &s.JobID, &s.JobState, &total); err != nil {
+			return nil, 0, pg.Translate(err)
+		}
+		out = append(out, s)
+	}
+	return out, total, pg.Translate(rows.Err())
+}

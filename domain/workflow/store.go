@@ -441,8 +441,10 @@ ORDER BY t.depth, w.id FOR UPDATE OF w`, id)
 }
 
 // RetryTx resumes a failed workflow at its failed step (a fresh set of
-// attempts), in the caller's transaction. A workflow that is not failed is
-// CONFLICT; an unknown one NOT_FOUND.
+// attempts), in the caller's transaction. An unfinished workflow whose step
+// job is no longer live (cancelled, discarded or deleted by hand: see
+// FindStuck) gets a new job where it stands. Any other workflow is CONFLICT;
+// an unknown one NOT_FOUND.
 func RetryTx(ctx context.Context, tx pgx.Tx, id string) error {
 	if err := ValidateID(id); err != nil {
 		return err
@@ -454,14 +456,37 @@ func RetryTx(ctx context.Context, tx pgx.Tx, id string) error {
 	if err != nil {
 		return pg.Translate(err)
 	}
-	if i.Status != Failed {
-		return fault.New(fault.Conflict, "workflow %s is %s: only a failed workflow can be retried", id, i.Status)
+	if i.Status.Finished() && i.Status != Failed {
+		return fault.New(fault.Conflict, "workflow %s is %s: only a failed workflow, or one whose step job is gone, can be retried", id, i.Status)
+	}
+	if i.Status != Failed && i.JobID != nil {
+		state, found, err := jobs.JobState(ctx, tx, *i.JobID)
+		if err != nil {
+			return pg.Translate(err)
+		}
+		if found && isLive(state) {
+			return fault.New(fault.Conflict, "workflow %s is %s and its step job %d is %s: there is nothing to retry", id, i.Status, *i.JobID, state)
+		}
 	}
 	queue, err := jobs.ShardQueueOfTx(ctx, tx, id)
 	if err != nil {
 		return pg.Translate(err)
 	}
-	_, err = AdvanceTx(ctx, tx, i, Transition{Status: Running, Step: i.Step, Outcome: "retried", NextStep: i.Step,
-		Job: true, Queue: queue, RunAt: time.Now(), MaxAttempts: DefaultAttempts})
+	t := Transition{Status: Running, Step: i.Step, Outcome: "retried", NextStep: i.Step,
+		Job: true, Queue: queue, RunAt: time.Now(), MaxAttempts: DefaultAttempts}
+	if i.Status != Failed {
+		// A new job where it stands: the same wait, deadline and error.
+		t = RearmTransition(i, queue, DefaultAttempts)
+		t.RunAt, t.Outcome, t.NextStep = time.Now(), "retried", i.Step
+	}
+	_, err = AdvanceTx(ctx, tx, i, t)
 	return err
+}
+
+func isLive(state string) bool {
+	switch state {
+	case "available", "pending", "running", "scheduled", "retryable":
+		return true
+	}
+	return false
 }

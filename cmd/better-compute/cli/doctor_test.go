@@ -14,7 +14,9 @@ import (
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
+	"github.com/bettercompute/bettercompute/domain/workflow"
 	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
@@ -22,7 +24,7 @@ import (
 
 // doctorChecks are the names of doctor's checks on a migrated database, in order.
 var doctorChecks = []string{"connect", "postgres", "features", "btree_gist", "ledger", "clock",
-	"snapshot", "shards", "leases", "running", "strays", "queues", "reconcilers"}
+	"snapshot", "shards", "leases", "running", "strays", "queues", "reconcilers", "workflows"}
 
 // requireAllOK asserts that doctor passed: exit 0, and one OK line per check.
 func requireAllOK(t *testing.T, r clitest.Result) {
@@ -122,12 +124,12 @@ func TestDoctorNamesATransactionThatHoldsTheOutboxBack(t *testing.T) {
 		`open \S+, database `+regexp.QuoteMeta(other.Name)+`, pid `+strconv.Itoa(pid)+`, user postgres, application "held_open", state idle in transaction; `+
 		`1 committed event of this database waits`, r.Stdout)
 	require.Contains(t, r.Stdout, fmt.Sprintf("pg_terminate_backend(%d)", pid))
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 13 checks failed: snapshot$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 14 checks failed: snapshot$`)
 
 	r = clitest.Run(t, ctx, cli.App{}, dbEnv(owned), "doctor", "--max-xact-age", "200ms")
 	require.Regexp(t, `(?m)^FAIL\s+snapshot\s+1 committed event of this database waits, `+
 		`held back by a transaction this role cannot see \(grant pg_read_all_stats to name it\)`, r.Stdout)
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 13 checks failed: snapshot$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 14 checks failed: snapshot$`)
 
 	require.NoError(t, tx.Rollback(ctx))
 	requireAllOK(t, clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor", "--max-xact-age", "200ms"))
@@ -160,7 +162,7 @@ func TestDoctorFindsStrayRunningJobs(t *testing.T) {
 	require.Regexp(t, `(?m)^FAIL\s+strays\s+running jobs not attempted by their shard's holder, for more than 40s: `+
 		`shard 3: 1 running job attempted by ghost, the oldest 2m\d+s ago \(none holds shard 3: start a worker for it\); `+
 		`the shard's holder hands them back within one renewal \(20s\)$`, r.Stdout)
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 13 checks failed: strays$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 14 checks failed: strays$`)
 
 	// Held by another client: its holder should have handed it back by now.
 	db.MustExec(t, `INSERT INTO compute_leases (name, owner, expires_at)
@@ -201,7 +203,7 @@ func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
 		`a typo in jobs.DirtyTx, or a module missing from this binary \(registered: thing\)$`, r.Stdout)
 	// Nobody works the shards either: the keys' jobs wait.
 	require.Regexp(t, `(?m)^FAIL\s+leases\s`, r.Stdout)
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 2 of 13 checks failed: leases, reconcilers$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 2 of 14 checks failed: leases, reconcilers$`)
 
 	// A binary without the module handles neither kind.
 	r = clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor")
@@ -261,4 +263,36 @@ func TestDoctorFailsOnAMissingExtension(t *testing.T) {
 	require.Regexp(t, `(?m)^FAIL\s+ledger\s+.*pending`, r.Stdout)
 	require.Regexp(t, `(?m)^FAIL\s+clock\s+.*missing`, r.Stdout)
 	require.Regexp(t, `(?m)^OK\s+connect`, r.Stdout)
+}
+
+// TestDoctorFindsAWorkflowWithoutAStepJob: a workflow whose step job an
+// operator cancelled never advances: doctor FAILs naming it, and workflow
+// retry gives it a new job (then doctor is OK).
+func TestDoctorFindsAWorkflowWithoutAStepJob(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(t, `INSERT INTO compute_workflow_kinds (kind, steps) VALUES ('order', '{reserve}')`)
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := workflow.StartTx(ctx, tx, "order", map[string]string{"id": "o-1"}, &workflow.StartOpts{ID: "o-1"})
+		return err
+	}))
+	app := cli.App{}
+	// (No worker runs: leases FAILs for the waiting job; this test reads the
+	// workflows line.)
+	r := clitest.Run(t, ctx, app, dbEnv(db), "doctor")
+	require.Regexp(t, `(?m)^OK\s+workflows\s+1 unfinished workflow, each with a live step job$`, r.Stdout)
+
+	db.MustExec(t, `UPDATE river_job SET state = 'cancelled', finalized_at = clock_timestamp() WHERE kind = 'workflow_step'`)
+	r = clitest.Run(t, ctx, app, dbEnv(db), "doctor")
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 14 checks failed: workflows$`)
+	require.Regexp(t, `(?m)^FAIL\s+workflows\s+1 unfinished workflow have no live step job and will never advance: o-1 \(order at step reserve, job \d+ cancelled\)`, r.Stdout)
+
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error { return workflow.RetryTx(ctx, tx, "o-1") }))
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'workflow_step' AND state = 'available' AND args->>'seq' = '2'`))
+	r = clitest.Run(t, ctx, app, dbEnv(db), "doctor")
+	require.Regexp(t, `(?m)^OK\s+workflows\s+1 unfinished workflow, each with a live step job$`, r.Stdout)
+	// A workflow whose job is live has nothing to retry.
+	err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error { return workflow.RetryTx(ctx, tx, "o-1") })
+	require.True(t, fault.Has(err, fault.Conflict), "%v", err)
 }

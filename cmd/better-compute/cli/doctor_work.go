@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/bettercompute/bettercompute/domain/lease"
+	"github.com/bettercompute/bettercompute/domain/workflow"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/migrate"
 	"github.com/bettercompute/bettercompute/platform/pg"
@@ -23,7 +24,8 @@ const StuckAfter = 5 * time.Minute
 
 // doctorWork checks the work side, one check after another: the shard count,
 // who holds the shards, jobs stuck running, running jobs outside their shard's
-// holder, the queues' depth, and dirty keys no reconciler handles. now is the
+// holder, the queues' depth, dirty keys no reconciler handles, and workflows
+// whose step job is gone. now is the
 // server's clock.
 func (s *Session) doctorWork(ctx context.Context, db *pg.Pool, r *report, now time.Time) {
 	count, ok := s.doctorShards(ctx, db, r)
@@ -35,6 +37,7 @@ func (s *Session) doctorWork(ctx context.Context, db *pg.Pool, r *report, now ti
 	s.doctorStrays(ctx, db, r, now, holder)
 	s.doctorQueues(ctx, db, r, count)
 	s.doctorReconcilers(ctx, db, r)
+	s.doctorWorkflows(ctx, db, r)
 }
 
 // doctorShards checks the database's shard count against the configured one
@@ -327,6 +330,36 @@ func (s *Session) doctorReconcilers(ctx context.Context, db *pg.Pool, r *report)
 		return
 	}
 	r.add(name, true, "%d reconcilers registered; %s dirty, of %d kinds, all handled", len(known), plural(keys, "key"), kinds)
+}
+
+// doctorWorkflows checks that every unfinished workflow has a live step job:
+// one whose job was cancelled or deleted (in River UI, say) never advances.
+func (s *Session) doctorWorkflows(ctx context.Context, db *pg.Pool, r *report) {
+	const name = "workflows"
+	stuck, total, err := workflow.FindStuck(ctx, db)
+	if err != nil {
+		r.fail(name, err, "cannot look for stuck workflows")
+		return
+	}
+	if total == 0 {
+		var unfinished int
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM compute_workflows WHERE finished_at IS NULL`).Scan(&unfinished); err != nil {
+			r.fail(name, err, "cannot count the workflows")
+			return
+		}
+		r.add(name, true, "%s, each with a live step job", plural(unfinished, "unfinished workflow"))
+		return
+	}
+	parts := make([]string, len(stuck))
+	for i, w := range stuck {
+		parts[i] = fmt.Sprintf("%s (%s at step %s, job %d %s)", w.ID, w.Kind, w.Step, w.JobID, w.JobState)
+	}
+	more := ""
+	if total > len(stuck) {
+		more = fmt.Sprintf(" and %d more", total-len(stuck))
+	}
+	r.add(name, false, "%s have no live step job and will never advance: %s%s (better-compute workflow retry ID gives one a new job; workflow cancel ID ends it)",
+		plural(total, "unfinished workflow"), strings.Join(parts, "; "), more)
 }
 
 // plural is "1 key" or "n keys".
