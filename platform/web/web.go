@@ -281,8 +281,12 @@ func (s *Server) Listen() error {
 			s.log.Error().Err(err).Msg("HTTP server stopped")
 		}
 	}()
+	routes := make([]string, len(s.o.Routes))
+	for i, r := range s.o.Routes {
+		routes[i] = r.Pattern
+	}
 	s.log.Info().Str("listen", ln.Addr().String()).Bool("auth", s.auth).Bool("read_only", s.o.ReadOnly).
-		Msg("serving River UI, /healthz, /readyz and /metrics")
+		Strs("routes", routes).Msg("serving River UI, /healthz, /readyz, /metrics and the routes listed")
 	return nil
 }
 

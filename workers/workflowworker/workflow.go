@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -315,6 +316,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	counts, err := workflow.Count(ctx, c.db)
 	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.byStatus, err) // the scrape reports it
 		return
 	}
 	keys := make([][2]string, 0, len(counts.ByKindStatus))
@@ -339,7 +341,7 @@ func StartTx(ctx context.Context, r *workers.Registry, tx pgx.Tx, kind string, i
 			known = append(known, k)
 		}
 		sort.Strings(known)
-		return "", fault.New(fault.InvalidArgument, "unknown workflow kind %q (this binary defines: %v)", kind, known)
+		return "", fault.New(fault.InvalidArgument, "unknown workflow kind %q: this binary defines %s", kind, orNone(strings.Join(known, ", ")))
 	}
 	if err := d.DecodeInput(input); err != nil {
 		return "", err
@@ -350,4 +352,11 @@ func StartTx(ctx context.Context, r *workers.Registry, tx pgx.Tx, kind string, i
 func log(rt *workers.Runtime) *zerolog.Logger {
 	l := rt.Log().With().Str("component", "workflow").Logger()
 	return &l
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }

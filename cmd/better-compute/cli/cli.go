@@ -112,6 +112,7 @@ func (a *App) commands() ([]*command, error) {
 		doctorCommand(),
 		backfillCommand(),
 		sinksCommand(),
+		workflowCommand(),
 	}
 	if err := checkCommands(cmds, a.Commands); err != nil {
 		return nil, err

@@ -14,6 +14,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/platform/web"
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/workflowworker"
 )
 
 // serveOpts are serve's options: its flags are the configuration's (--listen,
@@ -27,7 +28,7 @@ func serveCommand() *command {
 	o := &serveOpts{}
 	return &command{
 		name:    "serve",
-		summary: "serve River UI (at /), /healthz, /readyz and /metrics on BETTER_COMPUTE_LISTEN (loopback unless credentials are set), until interrupted",
+		summary: "serve River UI (at /), the workflows pages (/workflows), the event stream, /healthz, /readyz and /metrics on BETTER_COMPUTE_LISTEN (loopback unless credentials are set), until interrupted",
 		opts:    o,
 		run:     o.run,
 	}
@@ -88,7 +89,7 @@ func (s *Session) StartServe(ctx context.Context, rt *workers.Runtime) (stop fun
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(workers.NewQueueCollector(db),
+	reg.MustRegister(workers.NewQueueCollector(db), workflowworker.NewCollector(db),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var gatherer prometheus.Gatherer = reg
 	if s.workerMetrics != nil {
