@@ -1,0 +1,128 @@
+package cli_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers/workertest"
+)
+
+// TestReadmeWorkflowProgramBuildsAndRuns extracts the README's `checkout`
+// program (its durable workflow and its migration), builds it against this
+// module and runs it as a user would: buy (twice: one checkout; another item:
+// CONFLICT), a worker process that reserves and waits, pay (its signal
+// resumes the workflow, which records the sale once), a cancel whose
+// compensation gives the unit back, and workflow show.
+func TestReadmeWorkflowProgramBuildsAndRuns(t *testing.T) {
+	t.Parallel()
+	root, err := filepath.Abs("../../..")
+	require.NoError(t, err)
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	require.NoError(t, err)
+	files := map[string]string{}
+	for _, b := range readmeFile.FindAllSubmatch(readme, -1) {
+		if strings.HasPrefix(string(b[1]), "checkout/") {
+			files[string(b[1])] = string(b[2]) + "\n"
+		}
+	}
+	require.Contains(t, files, "checkout/main.go", "the README marks the workflow program")
+	require.Contains(t, files, "checkout/migrations/0001_stock.sql")
+	dir, err := os.MkdirTemp(root, "_readme-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	for path, body := range files {
+		p := filepath.Join(dir, filepath.FromSlash(path))
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
+	}
+	bin := buildPkg(t, t.TempDir(), "github.com/bettercompute/bettercompute/"+filepath.Base(dir)+"/checkout")
+
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	env := processEnv(dbEnv(db)...)
+	run := func(args ...string) (code int, stdout, stderr string) {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = env
+		var o, e bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err := cmd.Run()
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode(), o.String(), e.String()
+		}
+		require.NoError(t, err)
+		return 0, o.String(), e.String()
+	}
+	code, _, stderr := run("migrate")
+	require.Equal(t, 0, code, stderr)
+	code, stdout, stderr := run("buy", "o-1", "widget")
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, "o-1\n", stdout)
+	code, _, stderr = run("buy", "o-1", "widget")
+	require.Equal(t, 0, code, "buying again is the same checkout: %s", stderr)
+	code, _, stderr = run("buy", "o-1", "gadget")
+	require.Equal(t, 1, code)
+	require.Regexp(t, `^CONFLICT: `, stderr)
+	code, _, stderr = run("buy", "o-2", "widget")
+	require.Equal(t, 0, code, stderr)
+	code, _, stderr = run("pay", "o-9", "100")
+	require.Equal(t, 1, code)
+	require.Regexp(t, `^NOT_FOUND: `, stderr)
+
+	worker := exec.Command(bin, "worker")
+	worker.Env = env
+	var wlog bytes.Buffer
+	worker.Stdout, worker.Stderr = &wlog, &wlog
+	require.NoError(t, worker.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- worker.Wait() }()
+	t.Cleanup(func() {
+		_ = worker.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			_ = worker.Process.Kill()
+		}
+	})
+	workertest.WaitFor(t, 60*time.Second, "both orders reserved their unit and wait for payment", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM compute_workflows WHERE status = 'waiting'`) == 2 &&
+			db.MustCount(t, `SELECT count(*) FROM stock WHERE item = 'widget' AND available = 8`) == 1
+	})
+	code, _, stderr = run("pay", "o-1", "1250")
+	require.Equal(t, 0, code, stderr)
+	code, _, stderr = run("pay", "o-1", "1250")
+	require.Equal(t, 0, code, "a repeated payment counts once: %s", stderr)
+	code, _, stderr = run("workflow", "cancel", "o-2")
+	require.Equal(t, 0, code, stderr)
+	workertest.WaitFor(t, 60*time.Second, "o-1 sold, o-2 cancelled and its unit back", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM compute_workflows WHERE id = 'o-1' AND status = 'completed'
+				AND result->>'status' = 'sold'`) == 1 &&
+			db.MustCount(t, `SELECT count(*) FROM compute_workflows WHERE id = 'o-2' AND status = 'cancelled'`) == 1
+	})
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM sales WHERE order_id = 'o-1' AND cents = 1250`))
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM sales`))
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM stock WHERE item = 'widget' AND available = 9`))
+
+	code, stdout, stderr = run("workflow", "show", "o-1")
+	require.Equal(t, 0, code, stderr)
+	for _, want := range []string{"o-1", "completed", "reserve", "confirm", "sold"} {
+		require.Contains(t, stdout, want)
+	}
+
+	require.NoError(t, worker.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "the worker stops cleanly on SIGTERM:\n%s", wlog.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the worker did not stop within 30 s of SIGTERM:\n%s", wlog.String())
+	}
+	require.NotContains(t, strings.ToLower(wlog.String()), `"level":"error"`, "the worker logged no error")
+}
