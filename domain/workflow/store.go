@@ -278,7 +278,7 @@ WITH w AS (
 ), s AS (
     INSERT INTO compute_workflow_signals (workflow_id, name, payload, dedup_key)
     SELECT w.id, $2, $3::jsonb, $4 FROM w
-    WHERE $2 = ANY(w.signals) AND w.status NOT IN ('completed', 'failed', 'cancelled')
+    WHERE $2 = ANY(w.signals) AND w.status NOT IN ('cancelling', 'completed', 'failed', 'cancelled')
     ON CONFLICT (workflow_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING id
 )
@@ -287,7 +287,7 @@ SELECT w.status, coalesce($2 = ANY(w.signals), false), (SELECT id FROM s) FROM w
 // SignalTx sends the signal name with payload to workflow id, in the caller's
 // transaction: if tx rolls back, nothing was sent. A signal the workflow does
 // not wait for yet waits in its inbox. Unknown workflow: NOT_FOUND; a name the
-// kind does not declare: INVALID_ARGUMENT; a finished workflow: CONFLICT;
+// kind does not declare: INVALID_ARGUMENT; a finished (or cancelling) workflow: CONFLICT;
 // nothing written in each case.
 func SignalTx(ctx context.Context, tx pgx.Tx, id, name string, payload any, opts *SignalOpts) (SignalResult, error) {
 	if err := ValidateID(id); err != nil {
@@ -331,7 +331,7 @@ func SignalTx(ctx context.Context, tx pgx.Tx, id, name string, payload any, opts
 	switch {
 	case !known:
 		return SignalResult{}, fault.New(fault.InvalidArgument, "workflow %s does not take signal %s", id, name)
-	case Status(status).Finished():
+	case Status(status).Finished() || Status(status) == Cancelling:
 		return SignalResult{}, fault.New(fault.Conflict, "workflow %s is %s: it takes no more signals", id, status)
 	case werr != nil:
 		return SignalResult{}, pg.Translate(fmt.Errorf("error waking workflow %s: %w", id, werr))
