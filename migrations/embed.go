@@ -14,12 +14,12 @@ import "embed"
 var FS embed.FS
 
 // Demo holds the demo application's migrations (owners demo, demo_backfill,
-// demo_domain and demo_outbox). They stay where they landed, because a landed
-// migration is never moved, but they are not in FS: only the demo package
-// (cmd/better-compute/demo) refers to Demo, so the linker leaves them out of
-// every binary that does not import it.
+// demo_domain, demo_outbox and demo_workflow). They stay where they landed,
+// because a landed migration is never moved, but they are not in FS: only the
+// demo package (cmd/better-compute/demo) refers to Demo, so the linker leaves
+// them out of every binary that does not import it.
 //
-//go:embed demo/*.sql demo_backfill/*.sql demo_domain/*.sql demo_outbox/*.sql
+//go:embed demo/*.sql demo_backfill/*.sql demo_domain/*.sql demo_outbox/*.sql demo_workflow/*.sql
 var Demo embed.FS
 
 // Owners lists the built-in owners in the order their migrations run. River's

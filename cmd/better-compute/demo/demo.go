@@ -1,8 +1,9 @@
 // Package demo is the better-compute binary's demo application: what
 // `better-compute dev` (and `go tool task dev`) runs on the embedded database
 // to show the whole system working. Each demo is a cli.Module with its own
-// tables (migrations.Demo: owners demo, demo_backfill, demo_domain and
-// demo_outbox), what it registers, and a Dev loop that plays the application:
+// tables (migrations.Demo: owners demo, demo_backfill, demo_domain,
+// demo_outbox and demo_workflow), what it registers, and a Dev loop that plays
+// the application:
 //
 //   - counters (owner demo): a table of counters and the demo_counter
 //     reconciler, which copies each counter's value to its reconciled column;
@@ -13,6 +14,11 @@
 //     kind demo_change, applied into demo_domain_changes.
 //   - outbox: orders whose events a log sink prints, and a table dispatcher that
 //     "sends" each order's confirmation.
+//   - workflow: orders as durable workflows (kind demo_order): each holds
+//     devices of the demo pool, waits 15 s for its "paid" signal, then confirms
+//     the booking or releases the hold, with an event either way; the loop
+//     places an order every 2 s and pays most of them, cancels some and lets
+//     some time out.
 //
 // Only cmd/better-compute's main imports this package
 // (cli.Main(cli.App{Modules: demo.Modules()})): an application's binary
@@ -37,5 +43,5 @@ func migrationsOf(owner string) fs.FS {
 
 // Modules are the demo application's modules, in registration order.
 func Modules() []cli.Module {
-	return []cli.Module{demoModule(), demoBackfillModule(), demoDomainModule(), demoOutboxModule()}
+	return []cli.Module{demoModule(), demoBackfillModule(), demoDomainModule(), demoOutboxModule(), demoWorkflowModule()}
 }

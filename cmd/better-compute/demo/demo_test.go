@@ -26,5 +26,6 @@ func TestDemoMigrationsKeepTheirLedgerNames(t *testing.T) {
 		"demo_backfill/0001_greetings",
 		"demo_domain/0001_applied_changes",
 		"demo_outbox/0001_orders",
+		"demo_workflow/0001_orders",
 	}, names)
 }
