@@ -644,7 +644,7 @@ const WakeWorkflowJobSQL = `
 UPDATE river_job j SET state = 'available', scheduled_at = $3::timestamptz
 FROM compute_workflows w
 WHERE w.id = $1 AND w.status = 'waiting' AND ($2::text IS NULL OR w.wait->>'signal' = $2::text)
-  AND j.id = w.job_id AND j.state IN ('scheduled', 'retryable')`
+  AND j.id = w.job_id AND j.state = 'scheduled'`
 
 // WakeWorkflowParentSQL wakes the waiting job of the parent $1 of a child that
 // just finished, when the parent awaits its children (started at its seq $2)
@@ -657,17 +657,19 @@ WHERE p.id = $1 AND p.status = 'waiting' AND p.wait ? 'children'
   AND (p.wait->>'children' = 'any'
        OR NOT EXISTS (SELECT 1 FROM compute_workflows c
                       WHERE c.parent_id = p.id AND c.parent_seq = $2 AND c.finished_at IS NULL))
-  AND j.id = p.job_id AND j.state IN ('scheduled', 'retryable')`
+  AND j.id = p.job_id AND j.state = 'scheduled'`
 
 // WakeDueWorkflowsSQL makes available the waiting jobs of sleeping and
 // waiting workflows whose wake_at has come on compute_now(): the sim clock
-// moved forward, or River's wall-clock schedule and compute_now() disagree.
+// moved forward, or River's wall-clock schedule and compute_now() disagree. A
+// retryable job (its step failed and waits out its backoff) is left alone, as
+// by the other wake-ups: they cut no backoff short.
 // $1 is River's clock (now). It returns how many it woke.
 const WakeDueWorkflowsSQL = `
 UPDATE river_job j SET state = 'available', scheduled_at = $1::timestamptz
 FROM compute_workflows w
 WHERE w.status IN ('sleeping', 'waiting') AND w.wake_at <= compute_now()
-  AND j.id = w.job_id AND j.state IN ('scheduled', 'retryable')`
+  AND j.id = w.job_id AND j.state = 'scheduled'`
 
 // CancelWorkflowJobsSQL cancels the waiting step jobs $1 of workflows that were
 // cancelled (a running one is fenced by the instance's seq instead), with $2

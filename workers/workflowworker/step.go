@@ -132,6 +132,7 @@ func (e *exec) transactional(ctx context.Context, step workflow.StepMeta) error 
 		status  workflow.Status
 		ranStep = step.Name
 		first   bool
+		ext     *externalRun
 	)
 	err := workers.InTx(ctx, e.job, func(ctx context.Context, tx pgx.Tx) error {
 		inst, err := workflow.LockTx(ctx, tx, e.job.Args.WorkflowID, e.job.Args.Seq)
@@ -153,13 +154,11 @@ func (e *exec) transactional(ctx context.Context, step workflow.StepMeta) error 
 			return fault.New(fault.InvalidArgument, "workflow %s has no step %s", inst.Kind, ev.Step)
 		}
 		if sm.External {
-			// The event changed under the lock (a timeout became a signal): the
-			// job runs again and takes the external path.
-			outcome = "rearm"
-			t := workflow.RearmTransition(inst, e.job.Queue, sm.Retry.Attempts)
-			t.RunAt = time.Now()
-			_, err := workflow.AdvanceTx(ctx, tx, inst, t)
-			return err
+			// The event picks an external step (an await's timeout step, say):
+			// nothing is written here; it runs outside the transaction, and is
+			// recorded under the fences as any external step.
+			ext = &externalRun{inst: inst, ev: ev, step: sm}
+			return errTakeExternal
 		}
 		inv := e.invocation(inst, ev)
 		// A failing step rolls the whole transaction back; failed records the
@@ -182,11 +181,24 @@ func (e *exec) transactional(ctx context.Context, step workflow.StepMeta) error 
 		outcome, status = t.Outcome, t.Status
 		return nil
 	})
+	if errors.Is(err, errTakeExternal) {
+		return e.external(ctx, ext.inst, ext.ev, ext.step)
+	}
 	if err != nil {
 		return e.failed(ctx, ranStep, err)
 	}
 	e.w.p.observe(e.job.Args.Workflow, ranStep, outcome, time.Since(e.start), status, first)
 	return nil
+}
+
+// errTakeExternal rolls back a transactional execution whose event, decided
+// under the lock, picked an external step.
+var errTakeExternal = errors.New("the event picks an external step")
+
+type externalRun struct {
+	inst *workflow.Info
+	ev   workflow.Event
+	step workflow.StepMeta
 }
 
 // external runs an external step: call out, then record under the fences.

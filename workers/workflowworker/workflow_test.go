@@ -764,3 +764,83 @@ func TestAPanickingStepFailsTheWorkflowAtItsLastAttempt(t *testing.T) {
 	require.Contains(t, i.Error, "step boom panicked: nil map")
 	require.Equal(t, int32(2), runs.Load())
 }
+
+// TestAwaitTimesOutOntoAnExternalStep: the job of an await carries its
+// (transactional) resume step; at the deadline the decision, made under the
+// lock, picks the external timeout step, which runs once and finishes.
+func TestAwaitTimesOutOntoAnExternalStep(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	wf := &workflow.Workflow[struct{}, int, string]{
+		Kind: "late_external",
+		Steps: []workflow.Step[int]{
+			{Name: "wait", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[int]) (workflow.Next, error) {
+				return workflow.AwaitSignal("go", time.Hour, "on", "late"), nil
+			}},
+			{Name: "on", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[int]) (workflow.Next, error) {
+				return workflow.Finish("on time"), nil
+			}},
+			{Name: "late", External: func(ctx context.Context, c *workflow.Call[int]) (workflow.Next, error) {
+				calls.Add(1)
+				if !c.TimedOut {
+					return workflow.Next{}, errors.New("late without a timeout")
+				}
+				return workflow.Finish("late"), nil
+			}},
+		},
+		Signals: []string{"go"},
+	}
+	e := start(t, wf)
+	ctx := context.Background()
+	id := startWF(t, e.db.Pool, "late_external", struct{}{}, "le-1")
+	waitStatus(t, e.db.Pool, id, workflow.Waiting)
+	_, err := e.db.Pool.Exec(ctx, `SELECT compute_advance_sim_clock(interval '2 hours')`)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, e.db.Pool, id, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "late", out)
+	require.Equal(t, int32(1), calls.Load())
+	i, err := workflow.Get(ctx, e.db.Pool, id)
+	require.NoError(t, err)
+	require.LessOrEqual(t, i.Seq, int64(4), "the wait re-armed itself over and over")
+	hist, err := workflow.History(ctx, e.db.Pool, id)
+	require.NoError(t, err)
+	require.Equal(t, "late", hist[len(hist)-1].Step)
+}
+
+// TestAStepAfterASleepKeepsItsBackoff: the wake-up of due timers does not cut
+// short the retry backoff of the step a sleep led to.
+func TestAStepAfterASleepKeepsItsBackoff(t *testing.T) {
+	t.Parallel()
+	var (
+		mu   sync.Mutex
+		runs []time.Time
+	)
+	wf := &workflow.Workflow[struct{}, int, int]{
+		Kind: "sleepy_retry",
+		Steps: []workflow.Step[int]{
+			{Name: "nap", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[int]) (workflow.Next, error) {
+				return workflow.Sleep(time.Hour, "flaky"), nil
+			}},
+			{Name: "flaky", Retry: workflow.Retry{Attempts: 2, Backoff: 3 * time.Second},
+				Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[int]) (workflow.Next, error) {
+					mu.Lock()
+					runs = append(runs, time.Now())
+					mu.Unlock()
+					return workflow.Next{}, errors.New("not yet")
+				}},
+		},
+	}
+	e := start(t, wf)
+	ctx := context.Background()
+	id := startWF(t, e.db.Pool, "sleepy_retry", struct{}{}, "sr-1")
+	waitStatus(t, e.db.Pool, id, workflow.Sleeping)
+	_, err := e.db.Pool.Exec(ctx, `SELECT compute_advance_sim_clock(interval '2 hours')`)
+	require.NoError(t, err)
+	i := wait(t, e.db.Pool, id)
+	require.Equal(t, workflow.Failed, i.Status)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, runs, 2)
+	require.GreaterOrEqual(t, runs[1].Sub(runs[0]), 3*time.Second, "the second attempt came before its backoff")
+}
