@@ -1,16 +1,25 @@
 // Command exampleapp is an application built on Better Compute, as the README
-// shows: its main hands its module (migrations and a reconciler) to cli.Main and
-// gets the whole binary. Tests build it and run it as worker processes.
+// shows: its main hands its module (migrations, a reconciler, a fenced task and a
+// workflow) to cli.Main and gets the whole binary. Tests build it and run it as worker processes.
 //
 // The application side of the example is Change: it changes an item and marks it
 // dirty in one transaction. The reconciler copies qty to reconciled_qty. A task
 // (InsertTask) is a fenced job of the application's own: its one write is
 // recorded in example_task_runs, so tests can count how often it ran.
+//
+// Order is a durable workflow (domain/workflow) of three transactional steps,
+// reserve, charge and confirm, each writing one row of
+// example_workflow_effects in its step's fenced transaction; an order started
+// with AwaitPayment waits after reserve for the signal "paid" (PayTx), up to
+// PaymentTimeout, before it charges, and releases its reservation if none
+// comes. Tests kill -9 and pause its worker processes mid-step and count the
+// effect rows: each is written exactly once.
 package main
 
 import (
 	"context"
 	"embed"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -21,9 +30,11 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/domain/workflow"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/workflowworker"
 )
 
 //go:embed migrations/*.sql
@@ -42,6 +53,7 @@ func Module() cli.Module {
 		Register: func(r *workers.Registry) error {
 			return errors.Join(
 				workers.AddWorker(r, &taskWorker{}),
+				workflowworker.Add(r, Order),
 				workers.AddReconciler(r, workers.Reconciler{
 					Kind:      "example_item",
 					Reconcile: reconcile,
@@ -121,5 +133,122 @@ func (w *taskWorker) Work(ctx context.Context, job *river.Job[Task]) error {
 // InsertTaskTx enqueues task id in tx, in the shard queue its id picks.
 func InsertTaskTx(ctx context.Context, tx pgx.Tx, id string) error {
 	_, err := jobs.InsertForKeyTx(ctx, tx, id, Task{ID: id}, nil)
+	return err
+}
+
+// OrderInput starts an order workflow.
+type OrderInput struct {
+	Order string `json:"order"`
+	// AwaitPayment makes the order wait after reserve for the signal "paid".
+	AwaitPayment bool `json:"await_payment,omitempty"`
+}
+
+// OrderState is an order workflow's saved state.
+type OrderState struct {
+	Order string `json:"order"`
+	// Amount is what the "paid" signal said.
+	Amount int64 `json:"amount,omitempty"`
+	// Done are the steps committed so far, in order.
+	Done []string `json:"done,omitempty"`
+}
+
+// OrderResult is a finished order.
+type OrderResult struct {
+	Order    string   `json:"order"`
+	Amount   int64    `json:"amount,omitempty"`
+	Released bool     `json:"released,omitempty"`
+	Steps    []string `json:"steps"`
+}
+
+// Payment is the payload of the signal "paid".
+type Payment struct {
+	Amount int64 `json:"amount"`
+}
+
+// PaymentTimeout is how long an order that awaits its payment waits for it.
+const PaymentTimeout = 24 * time.Hour
+
+// Order is the example's workflow, of kind example_order: reserve, (await
+// "paid",) charge, confirm; or reserve, then release when the payment does
+// not come in time.
+var Order = &workflow.Workflow[OrderInput, OrderState, OrderResult]{
+	Kind: "example_order",
+	Init: func(in OrderInput) (OrderState, error) { return OrderState{Order: in.Order}, nil },
+	Steps: []workflow.Step[OrderState]{
+		{Name: "reserve", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[OrderState]) (workflow.Next, error) {
+			if err := orderEffect(ctx, tx, c); err != nil {
+				return workflow.Next{}, err
+			}
+			var in OrderInput
+			if err := json.Unmarshal(c.Input, &in); err != nil {
+				return workflow.Next{}, err
+			}
+			if in.AwaitPayment {
+				return workflow.AwaitSignal("paid", PaymentTimeout, "charge", "release"), nil
+			}
+			return workflow.Goto("charge"), nil
+		}},
+		{Name: "charge", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[OrderState]) (workflow.Next, error) {
+			if c.Signal != nil {
+				var p Payment
+				if err := c.Signal.Decode(&p); err != nil {
+					return workflow.Next{}, err
+				}
+				c.State.Amount = p.Amount
+			}
+			if err := orderEffect(ctx, tx, c); err != nil {
+				return workflow.Next{}, err
+			}
+			return workflow.Goto("confirm"), nil
+		}},
+		{Name: "confirm", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[OrderState]) (workflow.Next, error) {
+			if err := orderEffect(ctx, tx, c); err != nil {
+				return workflow.Next{}, err
+			}
+			return workflow.Finish(OrderResult{Order: c.State.Order, Amount: c.State.Amount, Steps: c.State.Done}), nil
+		}},
+		{Name: "release", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[OrderState]) (workflow.Next, error) {
+			if err := orderEffect(ctx, tx, c); err != nil {
+				return workflow.Next{}, err
+			}
+			return workflow.Finish(OrderResult{Order: c.State.Order, Released: true, Steps: c.State.Done}), nil
+		}},
+	},
+	Signals: []string{"paid"},
+}
+
+// orderEffect is a step's domain write: its row of example_workflow_effects,
+// counted, in the step's transaction. With EXAMPLE_STEP_SLEEP set (a
+// duration), the step then holds its transaction open that long before it
+// returns, so tests can kill or pause a worker mid-step.
+func orderEffect(ctx context.Context, tx pgx.Tx, c *workflow.Call[OrderState]) error {
+	_, err := tx.Exec(ctx, `INSERT INTO example_workflow_effects (workflow_id, step, worker) VALUES ($1, $2, $3)
+		ON CONFLICT (workflow_id, step) DO UPDATE SET n = example_workflow_effects.n + 1,
+		    worker = EXCLUDED.worker, written_at = clock_timestamp()`, c.WorkflowID, c.Step, strconv.Itoa(os.Getpid()))
+	if err != nil {
+		return err
+	}
+	c.State.Done = append(c.State.Done, c.Step)
+	if d, err := time.ParseDuration(os.Getenv("EXAMPLE_STEP_SLEEP")); err == nil && d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// StartOrderTx starts the order workflow id in tx: if tx rolls back, nothing
+// was started.
+func StartOrderTx(ctx context.Context, tx pgx.Tx, id string, in OrderInput) error {
+	_, err := Order.StartTx(ctx, tx, in, &workflow.StartOpts{ID: id})
+	return err
+}
+
+// PayTx sends order id its payment, in tx; a repeated payment with the same
+// key counts once.
+func PayTx(ctx context.Context, tx pgx.Tx, id, key string, amount int64) error {
+	_, err := workflow.SignalTx(ctx, tx, id, "paid", Payment{Amount: amount}, &workflow.SignalOpts{DedupKey: key})
 	return err
 }
