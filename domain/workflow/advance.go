@@ -136,13 +136,15 @@ type Transition struct {
 	MaxAttempts int
 	// Outcome, when set, writes a history row for the step execution that
 	// ends: what it led to, to NextStep, with the job's attempt, id and lease
-	// epoch, started at StartedAt.
-	Outcome    string
-	NextStep   string
-	Attempt    int
-	JobID      int64
-	LeaseEpoch int64
-	StartedAt  time.Time
+	// epoch, started at StartedAt and committed at CommittedAt (both on
+	// compute_now()'s scale; zero for compute_now() itself).
+	Outcome     string
+	CommittedAt time.Time
+	NextStep    string
+	Attempt     int
+	JobID       int64
+	LeaseEpoch  int64
+	StartedAt   time.Time
 	// ConsumeSignal marks the signal consumed at this seq.
 	ConsumeSignal *Signal
 	// Children are started with this instance as their parent (at its new seq).
@@ -289,7 +291,7 @@ func FailTransition(i *Info, step, onError, queue string, attempts int, err stri
 
 const historySQL = `INSERT INTO compute_workflow_history
     (workflow_id, seq, step, outcome, next_step, attempt, job_id, lease_epoch, started_at, committed_at, error)
-VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, NULLIF($7, 0), NULLIF($8, 0), coalesce($9, compute_now()), compute_now(), NULLIF($10, ''))`
+VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, NULLIF($7, 0), NULLIF($8, 0), coalesce($9, compute_now()), coalesce($11, compute_now()), NULLIF($10, ''))`
 
 const consumeSQL = `UPDATE compute_workflow_signals SET consumed_at = compute_now(), consumed_seq = $3
 WHERE id = $1 AND workflow_id = $2 AND consumed_at IS NULL`
@@ -354,15 +356,18 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, i *Info, t Transition) (int64, er
 	b.Queue(jobs.AdvanceWorkflowSQL, i.ID, i.Seq, string(t.Status), t.Step, state, result, errText, wait,
 		t.WakeAt, t.Job, t.Queue, t.RunAt, jobState, maxAttempts)
 	if t.Outcome != "" {
-		var started any
+		var started, committed any
 		if !t.StartedAt.IsZero() {
 			started = t.StartedAt
+		}
+		if !t.CommittedAt.IsZero() {
+			committed = t.CommittedAt
 		}
 		ran := t.RanStep
 		if ran == "" {
 			ran = i.Step
 		}
-		b.Queue(historySQL, i.ID, i.Seq, ran, t.Outcome, t.NextStep, t.Attempt, t.JobID, t.LeaseEpoch, started, errText)
+		b.Queue(historySQL, i.ID, i.Seq, ran, t.Outcome, t.NextStep, t.Attempt, t.JobID, t.LeaseEpoch, started, errText, committed)
 	}
 	if t.ConsumeSignal != nil {
 		b.Queue(consumeSQL, t.ConsumeSignal.id, i.ID, i.Seq)

@@ -47,6 +47,8 @@ type exec struct {
 	def   workflow.Definition
 	meta  workflow.Meta
 	start time.Time
+	// lockedAt is when the instance's row was locked (this process's clock).
+	lockedAt time.Time
 }
 
 func (w *stepWorker) Work(ctx context.Context, job *river.Job[jobs.WorkflowStep]) error {
@@ -136,6 +138,7 @@ func (e *exec) transactional(ctx context.Context, step workflow.StepMeta) error 
 	)
 	err := workers.InTx(ctx, e.job, func(ctx context.Context, tx pgx.Tx) error {
 		inst, err := workflow.LockTx(ctx, tx, e.job.Args.WorkflowID, e.job.Args.Seq)
+		e.lockedAt = time.Now()
 		if err != nil || inst == nil {
 			return err // nil: stale, the job completes as a no-op
 		}
@@ -215,6 +218,7 @@ func (e *exec) external(ctx context.Context, inst *workflow.Info, ev workflow.Ev
 	var status workflow.Status
 	err = workers.InTx(ctx, e.job, func(ctx context.Context, tx pgx.Tx) error {
 		locked, err := workflow.LockTx(ctx, tx, inst.ID, inst.Seq)
+		e.lockedAt = time.Now()
 		if err != nil || locked == nil {
 			return err
 		}
@@ -250,10 +254,15 @@ func (e *exec) run(ctx context.Context, tx pgx.Tx, inv *workflow.Invocation) (ne
 }
 
 // stamp fills the history fields of t from this execution.
+//
+// Both times are on compute_now()'s scale: inst.Now is its value when the
+// instance was locked, and this process's clock measures the step's work
+// before (an external call) and after (the step's function and the
+// transition) that moment.
 func (e *exec) stamp(t *workflow.Transition, inst *workflow.Info) {
 	t.Attempt, t.JobID, t.LeaseEpoch = e.job.Attempt, e.job.ID, e.l.Epoch
-	started := inst.Now.Add(-time.Since(e.start))
-	t.StartedAt = started
+	t.StartedAt = inst.Now.Add(-e.lockedAt.Sub(e.start))
+	t.CommittedAt = inst.Now.Add(time.Since(e.lockedAt))
 }
 
 // failed handles a step's error: FENCED goes back to the middleware (the job
@@ -303,6 +312,7 @@ func (e *exec) fail(ctx context.Context, step, onError, msg string, cause error)
 	var status workflow.Status
 	write := func(ctx context.Context, tx pgx.Tx) error {
 		inst, err := workflow.LockTx(ctx, tx, e.job.Args.WorkflowID, e.job.Args.Seq)
+		e.lockedAt = time.Now()
 		if err != nil || inst == nil {
 			return err
 		}
@@ -342,6 +352,7 @@ func (e *exec) fail(ctx context.Context, step, onError, msg string, cause error)
 func (e *exec) rearm(ctx context.Context) error {
 	err := workers.InTx(ctx, e.job, func(ctx context.Context, tx pgx.Tx) error {
 		inst, err := workflow.LockTx(ctx, tx, e.job.Args.WorkflowID, e.job.Args.Seq)
+		e.lockedAt = time.Now()
 		if err != nil || inst == nil {
 			return err
 		}
