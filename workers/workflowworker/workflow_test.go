@@ -716,7 +716,7 @@ func TestBehindPgBouncer(t *testing.T) {
 	require.NoError(t, clock.UseSim(ctx, direct.Pool, t0))
 	via, err := pg.Open(ctx, pg.Options{URL: pgtest.PgBouncer(t, direct), MaxConns: 20})
 	require.NoError(t, err)
-	defer via.Close()
+	t.Cleanup(via.Close) // after the runtime's stop (cleanups run last first)
 	reg := workers.NewRegistry()
 	require.NoError(t, workflowworker.Configure(reg, workflowworker.Options{WakeEvery: 50 * time.Millisecond}))
 	require.NoError(t, workflowworker.Add(reg, orderWorkflow()))
@@ -726,8 +726,20 @@ func TestBehindPgBouncer(t *testing.T) {
 	late := startWF(t, via, "order", orderIn{Order: "b2"}, "b2")
 	gone := startWF(t, via, "order", orderIn{Order: "b3"}, "b3")
 	waitStatus(t, via, paid, workflow.Waiting)
-	signal(t, via, paid, "paid", map[string]int{"amount": 5}, "once")
-	signal(t, via, paid, "paid", map[string]int{"amount": 5}, "once")
+	// Twice with one dedup key, in one transaction (the first may finish the
+	// workflow before a second transaction could send): counted once.
+	require.NoError(t, pg.InTx(ctx, via, func(ctx context.Context, tx pgx.Tx) error {
+		for i := 0; i < 2; i++ {
+			res, err := workflow.SignalTx(ctx, tx, paid, "paid", map[string]int{"amount": 5}, &workflow.SignalOpts{DedupKey: "once"})
+			if err != nil {
+				return err
+			}
+			if res.Duplicate != (i == 1) {
+				return fmt.Errorf("signal %d: duplicate %v", i, res.Duplicate)
+			}
+		}
+		return nil
+	}))
 	require.Equal(t, workflow.Completed, wait(t, via, paid).Status)
 	require.NoError(t, pg.InTx(ctx, via, func(ctx context.Context, tx pgx.Tx) error { return workflow.CancelTx(ctx, tx, gone, "test") }))
 	waitStatus(t, via, late, workflow.Waiting)
