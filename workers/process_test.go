@@ -84,11 +84,17 @@ func appDB(t *testing.T) *pgtest.DB {
 
 func startWorker(t *testing.T, db *pgtest.DB, env ...string) *proc {
 	t.Helper()
+	return startWorkerOn(t, db, "all", env...)
+}
+
+// startWorkerOn is startWorker serving only the shards spec (--shards).
+func startWorkerOn(t *testing.T, db *pgtest.DB, shards string, env ...string) *proc {
+	t.Helper()
 	bin := exampleApp(t)
 	logPath := filepath.Join(t.TempDir(), "worker.log")
 	f, err := os.Create(logPath)
 	require.NoError(t, err)
-	cmd := exec.Command(bin, "worker", "--no-migrate", "--shards", "all")
+	cmd := exec.Command(bin, "worker", "--no-migrate", "--shards", shards)
 	cmd.Env = append(os.Environ(),
 		"BETTER_COMPUTE_DATABASE_URL="+db.URL,
 		"BETTER_COMPUTE_LEASE_TTL=1500ms",

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -155,42 +153,6 @@ func requireEachStepOnce(t *testing.T, db *pgtest.DB, n int) {
 	workertest.WaitFor(t, 30*time.Second, "every step job is completed", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'workflow_step' AND state <> 'completed'`) == 0
 	})
-}
-
-// startWorkerOn is startWorker serving only the shards spec (--shards).
-func startWorkerOn(t *testing.T, db *pgtest.DB, shards string, env ...string) *proc {
-	t.Helper()
-	bin := exampleApp(t)
-	logPath := filepath.Join(t.TempDir(), "worker.log")
-	f, err := os.Create(logPath)
-	require.NoError(t, err)
-	cmd := exec.Command(bin, "worker", "--no-migrate", "--shards", shards)
-	cmd.Env = append(os.Environ(),
-		"BETTER_COMPUTE_DATABASE_URL="+db.URL,
-		"BETTER_COMPUTE_LEASE_TTL=1500ms",
-		"BETTER_COMPUTE_LEASE_RENEW=250ms",
-		"BETTER_COMPUTE_POLL_INTERVAL=20ms",
-		"BETTER_COMPUTE_STOP_GRACE=2s",
-		"BETTER_COMPUTE_STATEMENT_TIMEOUT=3s",
-		"BETTER_COMPUTE_LOG_FORMAT=json",
-	)
-	cmd.Env = append(cmd.Env, env...)
-	cmd.Stdout, cmd.Stderr = f, f
-	require.NoError(t, cmd.Start())
-	p := &proc{cmd: cmd, log: logPath, pid: cmd.Process.Pid, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			lines := strings.Split(string(b), "\n")
-			if len(lines) > 40 {
-				lines = lines[len(lines)-40:]
-			}
-			t.Logf("worker %d log (last lines):\n%s", p.pid, strings.Join(lines, "\n"))
-		}
-	})
-	return p
 }
 
 // fencedJobs are the job ids process p's log says it gave back fenced.

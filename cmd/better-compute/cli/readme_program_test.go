@@ -29,46 +29,10 @@ var readmeFile = regexp.MustCompile("(?s)<!-- readme-test: (\\S+) -->\n```[a-z]*
 // The README cannot drift from the API, or from what works.
 func TestReadmeProgramBuildsAndRuns(t *testing.T) {
 	t.Parallel()
-	root, err := filepath.Abs("../../..")
-	require.NoError(t, err)
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	require.NoError(t, err)
-	blocks := readmeFile.FindAllSubmatch(readme, -1)
-	files := map[string]string{}
-	for _, b := range blocks {
-		files[string(b[1])] = string(b[2]) + "\n"
-	}
-	require.Contains(t, files, "shop/main.go", "the README marks its complete program")
-	require.Contains(t, files, "shop/migrations/0001_orders.sql")
-	require.Contains(t, files, "shop/migrations/0002_tax.sql")
-
-	// Inside the module (so it builds against this code), in a directory that
-	// ./... skips.
-	dir, err := os.MkdirTemp(root, "_readme-")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	for path, body := range files {
-		p := filepath.Join(dir, filepath.FromSlash(path))
-		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
-		require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
-	}
-	bin := buildPkg(t, t.TempDir(), "github.com/bettercompute/bettercompute/"+filepath.Base(dir)+"/shop")
-
+	bin := buildReadmeProgram(t, "shop", "shop/main.go", "shop/migrations/0001_orders.sql", "shop/migrations/0002_tax.sql")
 	db := pgtest.New(t, pgtest.Options{Empty: true})
 	env := processEnv(dbEnv(db)...)
-	shop := func(args ...string) (code int, stdout, stderr string) {
-		t.Helper()
-		cmd := exec.Command(bin, args...)
-		cmd.Env = env
-		var o, e bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &o, &e
-		err := cmd.Run()
-		if ee, ok := err.(*exec.ExitError); ok {
-			return ee.ExitCode(), o.String(), e.String()
-		}
-		require.NoError(t, err)
-		return 0, o.String(), e.String()
-	}
+	shop := programRunner(t, bin, env)
 
 	code, stdout, _ := shop("--help")
 	require.Equal(t, 0, code)
@@ -129,4 +93,51 @@ func TestReadmeProgramBuildsAndRuns(t *testing.T) {
 		t.Fatalf("the worker did not stop within 30 s of SIGTERM:\n%s", wlog.String())
 	}
 	require.NotContains(t, strings.ToLower(wlog.String()), `"level":"error"`, "the worker logged no error")
+}
+
+// buildReadmeProgram extracts the README's blocks of program name (marked
+// <!-- readme-test: name/… -->; want are the paths it must have), writes them
+// inside the module (so they build against this code) in a directory that
+// ./... skips, and builds the program.
+func buildReadmeProgram(t *testing.T, name string, want ...string) string {
+	t.Helper()
+	root, err := filepath.Abs("../../..")
+	require.NoError(t, err)
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	require.NoError(t, err)
+	files := map[string]string{}
+	for _, b := range readmeFile.FindAllSubmatch(readme, -1) {
+		if strings.HasPrefix(string(b[1]), name+"/") {
+			files[string(b[1])] = string(b[2]) + "\n"
+		}
+	}
+	for _, path := range want {
+		require.Contains(t, files, path, "the README marks %s", path)
+	}
+	dir, err := os.MkdirTemp(root, "_readme-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	for path, body := range files {
+		p := filepath.Join(dir, filepath.FromSlash(path))
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
+	}
+	return buildPkg(t, t.TempDir(), "github.com/bettercompute/bettercompute/"+filepath.Base(dir)+"/"+name)
+}
+
+// programRunner runs bin with args in env and returns its exit code and output.
+func programRunner(t *testing.T, bin string, env []string) func(args ...string) (code int, stdout, stderr string) {
+	return func(args ...string) (int, string, string) {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = env
+		var o, e bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err := cmd.Run()
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode(), o.String(), e.String()
+		}
+		require.NoError(t, err)
+		return 0, o.String(), e.String()
+	}
 }

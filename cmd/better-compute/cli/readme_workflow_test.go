@@ -2,9 +2,7 @@ package cli_test
 
 import (
 	"bytes"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,43 +22,10 @@ import (
 // compensation gives the unit back, and workflow show.
 func TestReadmeWorkflowProgramBuildsAndRuns(t *testing.T) {
 	t.Parallel()
-	root, err := filepath.Abs("../../..")
-	require.NoError(t, err)
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	require.NoError(t, err)
-	files := map[string]string{}
-	for _, b := range readmeFile.FindAllSubmatch(readme, -1) {
-		if strings.HasPrefix(string(b[1]), "checkout/") {
-			files[string(b[1])] = string(b[2]) + "\n"
-		}
-	}
-	require.Contains(t, files, "checkout/main.go", "the README marks the workflow program")
-	require.Contains(t, files, "checkout/migrations/0001_stock.sql")
-	dir, err := os.MkdirTemp(root, "_readme-")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	for path, body := range files {
-		p := filepath.Join(dir, filepath.FromSlash(path))
-		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
-		require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
-	}
-	bin := buildPkg(t, t.TempDir(), "github.com/bettercompute/bettercompute/"+filepath.Base(dir)+"/checkout")
-
+	bin := buildReadmeProgram(t, "checkout", "checkout/main.go", "checkout/migrations/0001_stock.sql")
 	db := pgtest.New(t, pgtest.Options{Empty: true})
 	env := processEnv(dbEnv(db)...)
-	run := func(args ...string) (code int, stdout, stderr string) {
-		t.Helper()
-		cmd := exec.Command(bin, args...)
-		cmd.Env = env
-		var o, e bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &o, &e
-		err := cmd.Run()
-		if ee, ok := err.(*exec.ExitError); ok {
-			return ee.ExitCode(), o.String(), e.String()
-		}
-		require.NoError(t, err)
-		return 0, o.String(), e.String()
-	}
+	run := programRunner(t, bin, env)
 	code, _, stderr := run("migrate")
 	require.Equal(t, 0, code, stderr)
 	code, stdout, stderr := run("buy", "o-1", "widget")
