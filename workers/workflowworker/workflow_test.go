@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/domain/workflow"
@@ -855,4 +856,84 @@ func TestAStepAfterASleepKeepsItsBackoff(t *testing.T) {
 	defer mu.Unlock()
 	require.Len(t, runs, 2)
 	require.GreaterOrEqual(t, runs[1].Sub(runs[0]), 3*time.Second, "the second attempt came before its backoff")
+}
+
+// TestAwaitAnyChildResumesAtTheFirstAndCountsInMetrics: StartChildrenAny
+// resumes the parent when the first child finishes (the others still wait),
+// and the worker's metrics count the steps, starts and finishes.
+func TestAwaitAnyChildResumesAtTheFirstAndCountsInMetrics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	child := &workflow.Workflow[int, int, int]{
+		Kind: "racer",
+		Init: func(in int) (int, error) { return in, nil },
+		Steps: []workflow.Step[int]{
+			{Name: "run", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[int]) (workflow.Next, error) {
+				if *c.State == 0 {
+					return workflow.Finish(0), nil // the quick one
+				}
+				return workflow.Sleep(time.Hour, "done"), nil
+			}},
+			{Name: "done", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[int]) (workflow.Next, error) {
+				return workflow.Finish(*c.State), nil
+			}},
+		},
+	}
+	parent := &workflow.Workflow[struct{}, int, []string]{
+		Kind: "first_wins",
+		Steps: []workflow.Step[int]{
+			{Name: "spawn", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[int]) (workflow.Next, error) {
+				return workflow.StartChildrenAny([]workflow.Child{{Kind: "racer", Input: 1}, {Kind: "racer", Input: 0}, {Kind: "racer", Input: 2}}, "first"), nil
+			}},
+			{Name: "first", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[int]) (workflow.Next, error) {
+				var done []string
+				for _, ch := range c.Children {
+					if ch.Status.Finished() {
+						done = append(done, ch.ID)
+					}
+				}
+				return workflow.Finish(done), nil
+			}},
+		},
+	}
+	db := pgtest.New(t)
+	require.NoError(t, clock.UseSim(ctx, db.Pool, t0))
+	reg := workers.NewRegistry()
+	require.NoError(t, workflowworker.Add(reg, child))
+	require.NoError(t, workflowworker.Add(reg, parent))
+	prom := prometheus.NewRegistry()
+	workertest.Start(t, db.Pool, reg, &workers.Options{Metrics: workers.NewMetrics(prom)})
+
+	id := startWF(t, db.Pool, "first_wins", struct{}{}, "fw")
+	out, err := parent.Wait(ctx, db.Pool, id, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, []string{"fw/2.1"}, out, "resumed at the first child's finish, the others still running")
+	for _, c := range []string{"fw/2.0", "fw/2.2"} {
+		i, err := workflow.Get(ctx, db.Pool, c)
+		require.NoError(t, err)
+		require.Equal(t, workflow.Sleeping, i.Status)
+	}
+
+	families, err := prom.Gather()
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := ""
+			for _, l := range m.GetLabel() {
+				labels += l.GetName() + "=" + l.GetValue() + ","
+			}
+			v := m.GetCounter().GetValue()
+			if m.GetHistogram() != nil {
+				v = float64(m.GetHistogram().GetSampleCount())
+			}
+			got[f.GetName()+"{"+labels+"}"] = v
+		}
+	}
+	require.Equal(t, 4.0, got["bettercompute_workflows_started_total{workflow=first_wins,}"]+got["bettercompute_workflows_started_total{workflow=racer,}"])
+	require.Equal(t, 1.0, got["bettercompute_workflows_finished_total{status=completed,workflow=first_wins,}"])
+	require.Equal(t, 1.0, got["bettercompute_workflows_finished_total{status=completed,workflow=racer,}"])
+	require.Equal(t, 1.0, got["bettercompute_workflow_steps_total{outcome=children,step=spawn,workflow=first_wins,}"])
+	require.Equal(t, 2.0, got["bettercompute_workflow_steps_total{outcome=sleep,step=run,workflow=racer,}"])
+	require.Equal(t, 1.0, got["bettercompute_workflow_step_duration_seconds{step=first,workflow=first_wins,}"])
 }
