@@ -55,21 +55,7 @@ func TestReadmeProgramBuildsAndRuns(t *testing.T) {
 	require.Regexp(t, `^INVALID_ARGUMENT: place takes ORDER CUSTOMER CENTS`, stderr)
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'ship_order' AND queue LIKE 'shard\_%'`))
 
-	worker := exec.Command(bin, "worker")
-	worker.Env = env
-	var wlog bytes.Buffer
-	worker.Stdout, worker.Stderr = &wlog, &wlog
-	require.NoError(t, worker.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- worker.Wait() }()
-	t.Cleanup(func() {
-		_ = worker.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			_ = worker.Process.Kill()
-		}
-	})
+	worker := startProgramWorker(t, bin, env)
 
 	workertest.WaitFor(t, 60*time.Second, "the order shipped, the customer reconciled, the event audited", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM orders WHERE id = 'o-1' AND state = 'shipped'`) == 1 &&
@@ -85,14 +71,7 @@ func TestReadmeProgramBuildsAndRuns(t *testing.T) {
 	})
 	require.Equal(t, 3, db.MustCount(t, `SELECT count(*) FROM orders WHERE tax_cents = cents / 5`))
 
-	require.NoError(t, worker.Process.Signal(syscall.SIGTERM))
-	select {
-	case err := <-exited:
-		require.NoError(t, err, "the worker stops cleanly on SIGTERM:\n%s", wlog.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the worker did not stop within 30 s of SIGTERM:\n%s", wlog.String())
-	}
-	require.NotContains(t, strings.ToLower(wlog.String()), `"level":"error"`, "the worker logged no error")
+	worker.stop(t)
 }
 
 // buildReadmeProgram extracts the README's blocks of program name (marked
@@ -140,4 +119,45 @@ func programRunner(t *testing.T, bin string, env []string) func(args ...string) 
 		require.NoError(t, err)
 		return 0, o.String(), e.String()
 	}
+}
+
+// programWorker is a `worker` process of a program built from the README.
+type programWorker struct {
+	cmd    *exec.Cmd
+	log    bytes.Buffer
+	exited chan error
+}
+
+// startProgramWorker starts `bin worker` in env; it is stopped (or killed) at
+// cleanup.
+func startProgramWorker(t *testing.T, bin string, env []string) *programWorker {
+	t.Helper()
+	w := &programWorker{cmd: exec.Command(bin, "worker"), exited: make(chan error, 1)}
+	w.cmd.Env = env
+	w.cmd.Stdout, w.cmd.Stderr = &w.log, &w.log
+	require.NoError(t, w.cmd.Start())
+	go func() { w.exited <- w.cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = w.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-w.exited:
+		case <-time.After(30 * time.Second):
+			_ = w.cmd.Process.Kill()
+		}
+	})
+	return w
+}
+
+// stop sends SIGTERM and requires a clean exit within 30 s, with no error logged.
+func (w *programWorker) stop(t *testing.T) {
+	t.Helper()
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-w.exited:
+		w.exited <- err // for the cleanup
+		require.NoError(t, err, "the worker stops cleanly on SIGTERM:\n%s", w.log.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the worker did not stop within 30 s of SIGTERM:\n%s", w.log.String())
+	}
+	require.NotContains(t, strings.ToLower(w.log.String()), `"level":"error"`, "the worker logged no error")
 }

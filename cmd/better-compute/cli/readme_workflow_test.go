@@ -1,10 +1,6 @@
 package cli_test
 
 import (
-	"bytes"
-	"os/exec"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -42,21 +38,7 @@ func TestReadmeWorkflowProgramBuildsAndRuns(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Regexp(t, `^NOT_FOUND: `, stderr)
 
-	worker := exec.Command(bin, "worker")
-	worker.Env = env
-	var wlog bytes.Buffer
-	worker.Stdout, worker.Stderr = &wlog, &wlog
-	require.NoError(t, worker.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- worker.Wait() }()
-	t.Cleanup(func() {
-		_ = worker.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			_ = worker.Process.Kill()
-		}
-	})
+	worker := startProgramWorker(t, bin, env)
 	workertest.WaitFor(t, 60*time.Second, "both orders reserved their unit and wait for payment", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM compute_workflows WHERE status = 'waiting'`) == 2 &&
 			db.MustCount(t, `SELECT count(*) FROM stock WHERE item = 'widget' AND available = 8`) == 1
@@ -82,12 +64,5 @@ func TestReadmeWorkflowProgramBuildsAndRuns(t *testing.T) {
 		require.Contains(t, stdout, want)
 	}
 
-	require.NoError(t, worker.Process.Signal(syscall.SIGTERM))
-	select {
-	case err := <-exited:
-		require.NoError(t, err, "the worker stops cleanly on SIGTERM:\n%s", wlog.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the worker did not stop within 30 s of SIGTERM:\n%s", wlog.String())
-	}
-	require.NotContains(t, strings.ToLower(wlog.String()), `"level":"error"`, "the worker logged no error")
+	worker.stop(t)
 }
