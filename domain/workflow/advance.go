@@ -152,8 +152,6 @@ type Transition struct {
 	// RanStep is the step whose execution ends (for the history row), when it
 	// is not the instance's current step (an await's timeout step).
 	RanStep string
-	// CancelledBy marks a cancel (no step ran).
-	CancelledBy bool
 }
 
 // Plan turns a step's Next into the transition of instance i, for a

@@ -423,7 +423,7 @@ ORDER BY t.depth, w.id FOR UPDATE OF w`, id)
 		if i.JobID != nil {
 			oldJobs = append(oldJobs, *i.JobID)
 		}
-		t := Transition{Status: Cancelled, Step: i.Step, Error: why, Outcome: "cancelled", CancelledBy: true}
+		t := Transition{Status: Cancelled, Step: i.Step, Error: why, Outcome: "cancelled"}
 		if comp := kinds[i.Kind]; comp != "" {
 			t = Transition{Status: Cancelling, Step: comp, Error: why, Outcome: "cancelled", NextStep: comp,
 				Job: true, Queue: jobs.ShardQueue(jobs.ShardOf(i.ID, count)), RunAt: time.Now(), MaxAttempts: DefaultAttempts}

@@ -299,11 +299,9 @@ func (e *exec) failed(ctx context.Context, step string, err error) error {
 		e.w.p.observe(e.job.Args.Workflow, step, "retry", time.Since(e.start), "", false)
 		return err
 	}
-	msg := fmt.Sprintf("step %s failed (attempt %d of %d): %s", step, e.job.Attempt, attempts, e.rtRedact(err))
+	msg := fmt.Sprintf("step %s failed (attempt %d of %d): %s", step, e.job.Attempt, attempts, e.rt.Redact(err))
 	return e.fail(ctx, step, sm.OnError, msg, nil)
 }
-
-func (e *exec) rtRedact(err error) string { return e.rt.Redact(err).Error() }
 
 // fail moves the workflow to failed (or to onError) at the job's seq, and
 // completes the job; with cause set it does not complete the job (the caller

@@ -91,14 +91,12 @@ func (p *part) Install(r *workers.Registry) error {
 // Register installs the workflow machinery in r with opts (nil for the
 // defaults): the built-in module's registration. Add installs it too.
 func Register(r *workers.Registry, opts *Options) error {
-	p, err := workers.Use(r, newPart)
-	if err != nil {
+	if _, err := workers.Use(r, newPart); err != nil {
 		return err
 	}
 	if opts != nil {
 		return Configure(r, *opts)
 	}
-	_ = p
 	return nil
 }
 
