@@ -30,8 +30,8 @@ func (w *stepWorker) NextRetry(job *river.Job[jobs.WorkflowStep]) time.Time {
 }
 
 func (w *stepWorker) retryOf(kind, step string) workflow.Retry {
-	if d := w.p.def(kind); d != nil {
-		if s, ok := d.Meta().Step(step); ok {
+	if d, m := w.p.def(kind); d != nil {
+		if s, ok := m.Step(step); ok {
 			return s.Retry
 		}
 	}
@@ -62,12 +62,12 @@ func (w *stepWorker) Work(ctx context.Context, job *river.Job[jobs.WorkflowStep]
 	}
 	e := &exec{w: w, rt: rt, job: job, l: l, start: time.Now()}
 	a := job.Args
-	if d := w.p.def(a.Workflow); d != nil {
-		if step, ok := d.Meta().Step(a.Step); ok && !step.External {
+	if d, m := w.p.def(a.Workflow); d != nil {
+		if step, ok := m.Step(a.Step); ok && !step.External {
 			// A transactional step needs no read before its transaction: it
 			// locks, decides and checks the seq there (and takes the external
-			// path on the next run should the event pick an external step).
-			e.def, e.meta = d, d.Meta()
+			// path should the event pick an external step).
+			e.def, e.meta = d, m
 			return e.transactional(ctx, step)
 		}
 	}
@@ -87,11 +87,10 @@ func (w *stepWorker) Work(ctx context.Context, job *river.Job[jobs.WorkflowStep]
 	if inst.Status.Finished() {
 		return e.noop(ctx, "the workflow is "+string(inst.Status))
 	}
-	e.def = w.p.def(inst.Kind)
+	e.def, e.meta = w.p.def(inst.Kind)
 	if e.def == nil {
 		return e.fail(ctx, inst.Step, "", fmt.Sprintf("this worker does not define workflow kind %s", inst.Kind), nil)
 	}
-	e.meta = e.def.Meta()
 	ev, err := workflow.Decide(ctx, rt.Pool(), inst)
 	if err != nil {
 		return err

@@ -52,6 +52,7 @@ const (
 type part struct {
 	mu      sync.Mutex
 	defs    map[string]workflow.Definition
+	meta    map[string]workflow.Meta // each definition's, made once at Add
 	order   []string
 	opts    Options
 	metrics *metrics
@@ -61,7 +62,7 @@ type part struct {
 }
 
 func newPart() *part {
-	return &part{defs: map[string]workflow.Definition{}, opts: Options{
+	return &part{defs: map[string]workflow.Definition{}, meta: map[string]workflow.Meta{}, opts: Options{
 		Retention: DefaultRetention, PruneEvery: DefaultPruneEvery, WakeEvery: DefaultWakeEvery,
 	}}
 }
@@ -141,11 +142,12 @@ func Add(r *workers.Registry, d workflow.Definition) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	kind := d.Meta().Kind
+	m := d.Meta()
+	kind := m.Kind
 	if _, dup := p.defs[kind]; dup {
 		return fault.New(fault.InvalidConfig, "workflow %s is registered twice", kind)
 	}
-	p.defs[kind] = d
+	p.defs[kind], p.meta[kind] = d, m
 	p.order = append(p.order, kind)
 	return nil
 }
@@ -170,15 +172,16 @@ func (p *part) metas() []workflow.Meta {
 	defer p.mu.Unlock()
 	out := make([]workflow.Meta, 0, len(p.order))
 	for _, k := range p.order {
-		out = append(out, p.defs[k].Meta())
+		out = append(out, p.meta[k])
 	}
 	return out
 }
 
-func (p *part) def(kind string) workflow.Definition {
+// def returns kind's definition and its Meta (nil for an unknown kind).
+func (p *part) def(kind string) (workflow.Definition, workflow.Meta) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.defs[kind]
+	return p.defs[kind], p.meta[kind]
 }
 
 // wakeLoop wakes the due timers every WakeEvery until the runtime stops.
