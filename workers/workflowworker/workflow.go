@@ -74,7 +74,7 @@ func (p *part) Install(r *workers.Registry) error {
 		workers.AddMaintenanceWorker(r, &pruneWorker{p: p}),
 		workers.AddPeriodic(r, river.NewPeriodicJob(pruneSchedule{p},
 			func() (river.JobArgs, *river.InsertOpts) { return jobs.WorkflowPrune{}, nil },
-			&river.PeriodicJobOpts{RunOnStart: true},
+			nil, // not at start: River's leader would enqueue one at every election
 		)),
 		func() error {
 			r.OnRecord(func(ctx context.Context, db pg.DBTX) error { return workflow.RecordKinds(ctx, db, p.metas()) })
