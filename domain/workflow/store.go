@@ -253,7 +253,8 @@ func sameJSON(a, b json.RawMessage) bool {
 // SignalOpts are a signal's options.
 type SignalOpts struct {
 	// DedupKey, optional: a second signal to the same workflow with the same
-	// key is not stored again (it counts once).
+	// key is not stored again (it counts once), and is a Duplicate rather than
+	// CONFLICT after the workflow finished: a sender may retry safely.
 	DedupKey string
 }
 
@@ -268,8 +269,8 @@ type SignalResult struct {
 // signalSQL locks the instance (so a step committing a wait and this signal
 // serialize), checks the name against the kind's recorded signals, and stores
 // the signal unless its dedup key was seen: $1 id, $2 name, $3 payload, $4
-// dedup key. Its rows: found, status, known name, signal id (NULL for a
-// duplicate).
+// dedup key. Its row: status, known name, signal id (NULL for a duplicate or
+// a refusal), and whether the dedup key was seen before.
 const signalSQL = `
 WITH w AS (
     SELECT w.id, w.status, k.signals FROM compute_workflows w
@@ -282,7 +283,9 @@ WITH w AS (
     ON CONFLICT (workflow_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING id
 )
-SELECT w.status, coalesce($2 = ANY(w.signals), false), (SELECT id FROM s) FROM w`
+SELECT w.status, coalesce($2 = ANY(w.signals), false), (SELECT id FROM s),
+       EXISTS (SELECT 1 FROM compute_workflow_signals d WHERE d.workflow_id = $1 AND d.dedup_key = $4)
+FROM w`
 
 // SignalTx sends the signal name with payload to workflow id, in the caller's
 // transaction: if tx rolls back, nothing was sent. A signal the workflow does
@@ -314,8 +317,9 @@ func SignalTx(ctx context.Context, tx pgx.Tx, id, name string, payload any, opts
 		status string
 		known  bool
 		sigID  *int64
+		seen   bool
 	)
-	err = res.QueryRow().Scan(&status, &known, &sigID)
+	err = res.QueryRow().Scan(&status, &known, &sigID, &seen)
 	if errors.Is(err, pgx.ErrNoRows) {
 		_ = res.Close()
 		return SignalResult{}, fault.New(fault.NotFound, "no workflow %s", id)
@@ -331,6 +335,10 @@ func SignalTx(ctx context.Context, tx pgx.Tx, id, name string, payload any, opts
 	switch {
 	case !known:
 		return SignalResult{}, fault.New(fault.InvalidArgument, "workflow %s does not take signal %s", id, name)
+	case sigID == nil && seen && werr == nil:
+		// A repeat of a signal already sent (the sender retrying), even if the
+		// workflow has finished since: it counted once.
+		return SignalResult{Duplicate: true}, nil
 	case Status(status).Finished() || Status(status) == Cancelling:
 		return SignalResult{}, fault.New(fault.Conflict, "workflow %s is %s: it takes no more signals", id, status)
 	case werr != nil:

@@ -192,10 +192,10 @@ func PlaceOrderTx(ctx context.Context, tx pgx.Tx, customer string, devices int, 
 // ended (it timed out, or was cancelled) takes no payment: CONFLICT, and the
 // caller rolls back and refuses the payment. A repeated payment counts once.
 func PayOrderTx(ctx context.Context, tx pgx.Tx, orderID int64, amount int) error {
-	_, err := workflow.SignalTx(ctx, tx, OrderWorkflowID(orderID), "paid", Payment{Amount: amount},
+	res, err := workflow.SignalTx(ctx, tx, OrderWorkflowID(orderID), "paid", Payment{Amount: amount},
 		&workflow.SignalOpts{DedupKey: "payment"})
-	if err != nil {
-		return err
+	if err != nil || res.Duplicate {
+		return err // a repeated payment counted once: nothing more to record
 	}
 	// After the signal: it locked the workflow first, as its steps do before
 	// they write the order's row.
