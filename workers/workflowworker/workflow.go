@@ -331,20 +331,30 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.signals, prometheus.GaugeValue, float64(counts.SignalsWaiting))
 }
 
-// StartTx is workflow.StartTx, for callers that hold the registry: it checks
-// the kind and that input decodes into the definition's input type before
-// writing (INVALID_ARGUMENT). The CLI's workflow start uses it.
-func StartTx(ctx context.Context, r *workers.Registry, tx pgx.Tx, kind string, input json.RawMessage, opts *workflow.StartOpts) (string, error) {
-	d := Definitions(r)[kind]
+// CheckStart checks, without the database, that r defines workflow kind and
+// that input decodes into its input type (INVALID_ARGUMENT naming the kinds r
+// defines otherwise).
+func CheckStart(r *workers.Registry, kind string, input json.RawMessage) error {
+	defs := Definitions(r)
+	d := defs[kind]
 	if d == nil {
-		known := make([]string, 0)
-		for k := range Definitions(r) {
+		known := make([]string, 0, len(defs))
+		for k := range defs {
 			known = append(known, k)
 		}
 		sort.Strings(known)
-		return "", fault.New(fault.InvalidArgument, "unknown workflow kind %q: this binary defines %s", kind, orNone(strings.Join(known, ", ")))
+		if len(known) == 0 {
+			return fault.New(fault.InvalidArgument, "unknown workflow kind %q: this binary defines no workflows (a module registers them with workflowworker.Add)", kind)
+		}
+		return fault.New(fault.InvalidArgument, "unknown workflow kind %q: this binary defines %s", kind, strings.Join(known, ", "))
 	}
-	if err := d.DecodeInput(input); err != nil {
+	return d.DecodeInput(input)
+}
+
+// StartTx is workflow.StartTx, for callers that hold the registry: it checks
+// the kind and the input first (CheckStart).
+func StartTx(ctx context.Context, r *workers.Registry, tx pgx.Tx, kind string, input json.RawMessage, opts *workflow.StartOpts) (string, error) {
+	if err := CheckStart(r, kind, input); err != nil {
 		return "", err
 	}
 	return workflow.StartTx(ctx, tx, kind, input, opts)
@@ -353,11 +363,4 @@ func StartTx(ctx context.Context, r *workers.Registry, tx pgx.Tx, kind string, i
 func log(rt *workers.Runtime) *zerolog.Logger {
 	l := rt.Log().With().Str("component", "workflow").Logger()
 	return &l
-}
-
-func orNone(s string) string {
-	if s == "" {
-		return "none"
-	}
-	return s
 }

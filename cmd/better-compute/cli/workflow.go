@@ -171,11 +171,7 @@ func (o *workflowOpts) run(ctx context.Context, s *Session, args []string) error
 			return err
 		}
 		kind, input := rest[0], json.RawMessage(rest[1])
-		d := workflowworker.Definitions(reg)[kind]
-		if d == nil {
-			return unknownKind(kind, workflowworker.Definitions(reg))
-		}
-		if err := d.DecodeInput(input); err != nil {
+		if err := workflowworker.CheckStart(reg, kind, input); err != nil {
 			return err
 		}
 		db, err := s.Pool(ctx)
@@ -184,7 +180,7 @@ func (o *workflowOpts) run(ctx context.Context, s *Session, args []string) error
 		}
 		var id string
 		err = pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
-			id, err = workflowworker.StartTx(ctx, reg, tx, kind, input, &workflow.StartOpts{ID: o.id})
+			id, err = workflow.StartTx(ctx, tx, kind, input, &workflow.StartOpts{ID: o.id})
 			return err
 		})
 		if err != nil {
@@ -210,19 +206,6 @@ func (o *workflowOpts) run(ctx context.Context, s *Session, args []string) error
 	default: // retry
 		return retryWorkflow(ctx, out, db, rest[0])
 	}
-}
-
-// unknownKind is the error of a kind this binary does not define.
-func unknownKind(kind string, defs map[string]workflow.Definition) error {
-	known := make([]string, 0, len(defs))
-	for k := range defs {
-		known = append(known, k)
-	}
-	sort.Strings(known)
-	if len(known) == 0 {
-		return fault.New(fault.InvalidArgument, "unknown workflow kind %q: this binary defines no workflows (a module registers them with workflowworker.Add)", kind)
-	}
-	return fault.New(fault.InvalidArgument, "unknown workflow kind %q: this binary defines %s", kind, strings.Join(known, ", "))
 }
 
 func (o *workflowOpts) list(ctx context.Context, out io.Writer, db *pg.Pool) error {
