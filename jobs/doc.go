@@ -1,5 +1,5 @@
 // Package jobs holds what applications enqueue and the helpers that route it:
-// the reconcile job and DirtyTx (coalescing), and the shard of a key. It imports
+// the reconcile jobs and DirtyTx (coalescing), and the shard of a key. It imports
 // only River, pgx, the standard library and platform/fault (the one error type,
 // itself standard library only), so enqueueing never pulls in worker code. Bad
 // input (a kind, a key, job args that cannot be worked) is INVALID_ARGUMENT.
@@ -21,20 +21,26 @@
 //	no job ──InsertForKeyTx(key)──▶ available in shard_<ShardOf(key)>
 //	no job ──InsertTx(queue default)──▶ refused (fenced kind) | available (other kind)
 //
-// # DirtyTx: coalescing on River
+// # DirtyTx: a work queue in compute_dirty, batches on River
 //
 // DirtyTx marks a key of a reconciler kind as needing a reconcile, in the caller's
-// transaction, with one round trip in the common case:
+// transaction, with one statement: the SQL function compute_mark_dirty, which
+// triggers and other languages call the same way. It upserts the key's row in
+// compute_dirty and inserts no River job; the holder of the key's shard claims
+// due keys from that table in batches, each batch one River job
+// (ReconcileBatch), reconciled in one fenced transaction:
 //
-//	no row ──DirtyTx──▶ waiting (row gen=1, one River job scheduled at not_before)
-//	waiting ──DirtyTx──▶ waiting (gen+1; the earlier not_before wins and moves the job)
-//	waiting ──job starts──▶ running (the job reads gen)
-//	running ──DirtyTx──▶ running (gen+1; no second job: two reconciles never overlap)
-//	running ──done, gen unchanged──▶ no row
-//	running ──done, gen moved──▶ waiting (a follow-up job at not_before)
+//	no row ──DirtyTx──▶ waiting (row gen=1, job_id NULL, not_before)
+//	waiting ──DirtyTx──▶ waiting (gen+1; the earlier not_before wins)
+//	waiting ──claim (due, FOR UPDATE SKIP LOCKED)──▶ claimed (job_id = the batch's job, running)
+//	claimed ──DirtyTx──▶ claimed (gen+1; no second run: the key has one live job)
+//	claimed ──run commits, gen unchanged──▶ no row
+//	claimed ──run commits, gen moved──▶ waiting (claimed again at not_before)
+//	claimed ──its reconcile fails──▶ own job (job_id = a Reconcile job, retryable with River's backoff)
+//	own job ──succeeds──▶ no row | waiting  ──cancelled or discarded, then DirtyTx──▶ waiting
 //
 // A key therefore has at most one live River job, a wake-up during a run is never
-// lost, and the row plus its job commit or roll back with the caller's change.
+// lost, and the row commits or rolls back with the caller's change.
 //
 // Call DirtyTx after the transaction's own writes (as seed 003 writes its outbox row
 // after the UPDATE that locks the item): the reconcile of the key locks the dirty

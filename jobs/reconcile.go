@@ -3,7 +3,6 @@ package jobs
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"regexp"
@@ -15,8 +14,10 @@ import (
 	"github.com/bettercompute/bettercompute/platform/fault"
 )
 
-// Reconcile is the River job that reconciles one key of a reconciler kind. It is
-// inserted by DirtyTx, never directly.
+// Reconcile is the River job that reconciles one key of a reconciler kind on its
+// own: a key whose reconcile failed in a batch gets one, retried with River's
+// backoff, its errors and attempts shown in River UI. It is inserted by the
+// workers, never directly.
 type Reconcile struct {
 	Reconciler string `json:"reconciler"` // the reconciler kind
 	Key        string `json:"key"`
@@ -120,8 +121,10 @@ type DirtyOpts struct {
 }
 
 // DirtyTx marks key of reconciler kind as needing a reconcile, in tx: see the package
-// doc. If tx rolls back, so does the mark. It returns INVALID_ARGUMENT for a kind
-// that is not [a-z][a-z0-9_]{0,62} or a key that is empty or longer than MaxKeyLen.
+// doc. If tx rolls back, so does the mark. It is one statement, the SQL function
+// compute_mark_dirty (which triggers and other languages call the same way). It
+// returns INVALID_ARGUMENT for a kind that is not [a-z][a-z0-9_]{0,62} or a key
+// that is empty or longer than MaxKeyLen, before any statement is sent.
 func DirtyTx(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) error {
 	if err := ValidateKind(kind); err != nil {
 		return err
@@ -133,65 +136,51 @@ func DirtyTx(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) 
 	if opts != nil && opts.Delay > 0 {
 		delay = opts.Delay
 	}
-	args, err := json.Marshal(Reconcile{Reconciler: kind, Key: key})
-	if err != nil {
-		return err
+	if delay > MaxDirtyDelay {
+		return invalid("dirty %s: delay %s is longer than %s", kind, delay, MaxDirtyDelay)
 	}
-	var (
-		inserted, earlier bool
-		jobID             int64
-		state             *string
-	)
-	err = tx.QueryRow(ctx, dirtySQL, kind, key, int64(KeyHash(key)), delay.Seconds(),
-		time.Now().Add(delay), string(args), []string{kind}).Scan(&inserted, &jobID, &earlier, &state)
-	if err != nil {
+	if _, err := tx.Exec(ctx, markDirtySQL, kind, key, delay.Seconds(), int64(KeyHash(key))); err != nil {
 		return fmt.Errorf("error marking %s/%s dirty: %w", kind, key, err)
 	}
-	if inserted {
-		return nil
-	}
-	if state == nil {
-		// The job is invisible to the statement's snapshot: committed by a
-		// transaction we waited for (read it again), or deleted by an operator.
-		if err := tx.QueryRow(ctx, jobStateSQL, jobID).Scan(&state); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("error reading the job of %s/%s: %w", kind, key, err)
-		}
-	}
-	var s string // "" when the job is gone
-	if state != nil {
-		s = *state
-	}
-	switch s {
-	case "running":
-		return nil // the run ends by scheduling a follow-up at not_before
-	case "available", "scheduled", "retryable", "pending":
-		if !earlier {
-			return nil
-		}
-		// The earlier not-before wins: move the waiting job (never a running one).
-		_, err := tx.Exec(ctx, moveEarlierSQL, jobID, time.Now().Add(delay), delay < ScheduledAfter)
-		if err != nil {
-			return fmt.Errorf("error moving the job of %s/%s earlier: %w", kind, key, err)
-		}
-		return nil
-	default:
-		// No live job (cancelled, discarded or deleted by an operator): start a new one.
-		return RequeueTx(ctx, tx, kind, key)
-	}
+	return nil
 }
 
-// RequeueTx inserts a new River job for a key that has a dirty row, scheduled at
-// the row's not_before, and records it on the row. Reconcile workers use it when a
-// run ends with the key dirtied again.
-func RequeueTx(ctx context.Context, tx pgx.Tx, kind, key string) error {
-	args, err := json.Marshal(Reconcile{Reconciler: kind, Key: key})
-	if err != nil {
+// MaxDirtyDelay is the longest DirtyOpts.Delay: 100 years, as compute_mark_dirty.
+const MaxDirtyDelay = 3155760000 * time.Second
+
+// markDirtySQL calls compute_mark_dirty (migrations/core/0007_dirty_claims.sql):
+// $1 kind, $2 key, $3 delay (s), $4 KeyHash(key).
+const markDirtySQL = `SELECT compute_mark_dirty($1, $2, $3::float8, $4::bigint)`
+
+// ReconcileBatch is the River job that carries a batch of dirty keys of one
+// reconciler and shard: the shard's holder claims due keys from compute_dirty,
+// inserts this job running under itself (as River's fetch would mark it) and
+// reconciles the keys in one fenced transaction that completes it. If that
+// process dies first, the next holder hands the job back and River works it.
+// Keys lists the batch's keys when it was claimed, for operators; the job
+// reconciles the keys whose dirty rows point at it.
+type ReconcileBatch struct {
+	Reconciler string   `json:"reconciler"`
+	Keys       []string `json:"keys"`
+}
+
+// ReconcileBatchKind is ReconcileBatch's River job kind.
+const ReconcileBatchKind = "reconcile_batch"
+
+// Kind implements river.JobArgs.
+func (ReconcileBatch) Kind() string { return ReconcileBatchKind }
+
+// UnmarshalJSON rejects args without a valid reconciler kind.
+func (r *ReconcileBatch) UnmarshalJSON(b []byte) error {
+	type plain ReconcileBatch
+	var p plain
+	if err := json.Unmarshal(b, &p); err != nil {
 		return err
 	}
-	_, err = tx.Exec(ctx, requeueSQL, kind, key, string(args), time.Now(), []string{kind})
-	if err != nil {
-		return fmt.Errorf("error requeueing %s/%s: %w", kind, key, err)
+	if err := ValidateKind(p.Reconciler); err != nil {
+		return err
 	}
+	*r = ReconcileBatch(p)
 	return nil
 }
 

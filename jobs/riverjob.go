@@ -31,67 +31,8 @@ import (
 // list.
 const liveStatesSQL = `('available', 'pending', 'running', 'scheduled', 'retryable')`
 
-// --- DirtyTx and RequeueTx (jobs/reconcile.go) ---
-
-// dirtySQL upserts the key's row and, when the key has no row yet, inserts its
-// River job in the same statement (the job id is drawn from River's sequence
-// first, so the row knows it). It returns whether the row is new, its job and that
-// job's state as this statement's snapshot sees it. A job due in ScheduledAfter
-// or later is scheduled, a sooner one available.
-//
-// $1 kind, $2 key, $3 key hash, $4 delay (s), $5 River scheduled_at, $6 args, $7 tags.
-var dirtySQL = fmt.Sprintf(`
-WITH d AS (
-    INSERT INTO compute_dirty AS d (kind, key, shard, gen, not_before, job_id)
-    VALUES ($1, $2, ($3::bigint %% (SELECT shard_count FROM compute_settings))::int, 1,
-            compute_now() + make_interval(secs => $4), nextval('river_job_id_seq'))
-    ON CONFLICT (kind, key) DO UPDATE
-       SET gen = d.gen + 1,
-           not_before = LEAST(d.not_before, EXCLUDED.not_before)
-    RETURNING (xmax = 0) AS inserted, d.job_id, d.shard, d.not_before,
-              -- compute_now() is stable within the statement: equal means ours won
-              d.not_before = compute_now() + make_interval(secs => $4) AS earlier
-), j AS (
-    INSERT INTO river_job (id, args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata)
-    SELECT d.job_id, $6::jsonb, '%s', %d, %d, '%s' || d.shard, $5,
-           CASE WHEN $4 >= %g THEN 'scheduled' ELSE 'available' END::river_job_state, $7::varchar(255)[], '{}'
-    FROM d WHERE d.inserted
-    RETURNING id
-)
-SELECT d.inserted, d.job_id, d.earlier,
-       CASE WHEN d.inserted THEN 'available' ELSE (SELECT r.state::text FROM river_job r WHERE r.id = d.job_id) END
-FROM d`, ReconcileKind, river.MaxAttemptsDefault, river.PriorityDefault, ShardQueuePrefix, ScheduledAfter.Seconds())
-
-// jobStateSQL reads a job's state as text: $1 id. DirtyTx reads it again when
-// dirtySQL's snapshot could not see the job.
+// jobStateSQL reads a job's state as text: $1 id.
 const jobStateSQL = `SELECT state::text FROM river_job WHERE id = $1`
-
-// moveEarlierSQL moves a waiting job earlier (never a running one): $1 id, $2
-// its new scheduled_at, $3 whether it is due sooner than ScheduledAfter (it
-// becomes available). The earlier not-before of DirtyTx wins.
-const moveEarlierSQL = `
-UPDATE river_job SET scheduled_at = LEAST(scheduled_at, $2),
-       state = CASE WHEN $3 THEN 'available'::river_job_state ELSE state END
-WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable', 'pending') AND scheduled_at > $2`
-
-// requeueSQL inserts a new River job for a key that has a dirty row, scheduled at
-// the row's not_before, and records it on the row: $1 kind, $2 key, $3 args, $4
-// now, $5 tags.
-var requeueSQL = fmt.Sprintf(`
-WITH d AS (
-    SELECT kind, key, shard, greatest(extract(epoch FROM not_before - compute_now()), 0) AS delay
-    FROM compute_dirty WHERE kind = $1 AND key = $2 FOR UPDATE
-), j AS (
-    INSERT INTO river_job (args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata)
-    SELECT $3::jsonb, '%s', %d, %d, '%s' || d.shard,
-           $4::timestamptz + make_interval(secs => d.delay),
-           CASE WHEN d.delay >= %g THEN 'scheduled' ELSE 'available' END::river_job_state,
-           $5::varchar(255)[], '{}'
-    FROM d
-    RETURNING id
-)
-UPDATE compute_dirty c SET job_id = j.id FROM j WHERE c.kind = $1 AND c.key = $2`,
-	ReconcileKind, river.MaxAttemptsDefault, river.PriorityDefault, ShardQueuePrefix, ScheduledAfter.Seconds())
 
 // --- Fences and hand-backs of worker processes (workers) ---
 
@@ -222,79 +163,96 @@ func HandBackEarlierIncarnation(ctx context.Context, db pg.DBTX, identity, owner
 
 // --- Batched reconciles (workers/reconcile.go) ---
 
-// ClaimReconcileSQL marks up to $4 due, waiting reconcile jobs of reconciler $3
-// in queue $1 as running under this process ($2 now), as River's own fetch does,
-// in a short transaction fenced by the shard lease ($5 name, $6 owner, $7
-// epoch): their rows are locked only until it commits, and a takeover waits for
-// it. It returns each job's id, attempt and key.
-const ClaimReconcileSQL = `
+// ClaimDirtySQL claims, for the holder of shard $1's lease ($2 name, $3 owner,
+// $4 epoch, checked in the statement: a takeover waits for it), up to $7 due,
+// waiting dirty keys of the reconciler kinds $5 (with their batch sizes $6,
+// aligned), oldest not-before first, skipping rows locked by a transaction in
+// flight. It inserts one River job of kind ReconcileBatchKind per batch (per
+// kind, at most its batch size of keys), running under $3 in queue $9 at $8 (as
+// River's own fetch marks a job), and points the keys' rows at it. It returns
+// each key's job id, kind, key and gen.
+var ClaimDirtySQL = fmt.Sprintf(`
 WITH fence AS (
     SELECT 1 FROM compute_leases
-    WHERE name = $5 AND owner = $6 AND epoch = $7 AND expires_at > compute_now()
+    WHERE name = $2 AND owner = $3 AND epoch = $4 AND expires_at > compute_now()
     FOR KEY SHARE
 ), pick AS (
-    SELECT j.id FROM river_job j
-    WHERE j.state = 'available' AND j.queue = $1 AND j.scheduled_at <= $2 AND j.kind = '` + ReconcileKind + `'
-      AND j.args->>'reconciler' = $3 AND EXISTS (SELECT 1 FROM fence)
-    ORDER BY j.priority, j.scheduled_at, j.id
-    LIMIT $4
+    SELECT d.kind, d.key FROM compute_dirty d
+    WHERE d.shard = $1 AND d.job_id IS NULL AND d.not_before <= compute_now()
+      AND d.kind = ANY($5::text[]) AND EXISTS (SELECT 1 FROM fence)
+    ORDER BY d.not_before
+    LIMIT $7
     FOR UPDATE SKIP LOCKED
+), grouped AS (
+    SELECT p.kind, p.key, (row_number() OVER (PARTITION BY p.kind ORDER BY p.key) - 1) / greatest(b.size, 1) AS chunk
+    FROM pick p JOIN unnest($5::text[], $6::int[]) AS b(kind, size) ON b.kind = p.kind
+), batch AS MATERIALIZED (
+    SELECT g.kind, g.chunk, array_agg(g.key ORDER BY g.key) AS keys, nextval('river_job_id_seq') AS id
+    FROM grouped g GROUP BY g.kind, g.chunk
+), job AS (
+    INSERT INTO river_job (id, args, kind, max_attempts, priority, queue, scheduled_at, state,
+                           attempt, attempted_at, attempted_by, tags, metadata)
+    SELECT b.id, jsonb_build_object('reconciler', b.kind, 'keys', to_jsonb(b.keys)), '%s', %d, %d, $9::text, $8::timestamptz,
+           'running'::river_job_state, 1, $8::timestamptz, ARRAY[$3::text], ARRAY[b.kind]::varchar(255)[], '{}'
+    FROM batch b
+    RETURNING id
 )
-UPDATE river_job j SET state = 'running', attempt = j.attempt + 1, attempted_at = $2,
-       attempted_by = array_append(j.attempted_by, $6)
-WHERE j.id = ANY(ARRAY(SELECT id FROM pick)) AND j.state = 'available'
-RETURNING j.id, j.attempt, j.args->>'key'`
+UPDATE compute_dirty d SET job_id = b.id
+FROM grouped g JOIN batch b ON b.kind = g.kind AND b.chunk = g.chunk
+WHERE d.kind = g.kind AND d.key = g.key AND EXISTS (SELECT 1 FROM job WHERE job.id = b.id)
+RETURNING b.id, d.kind, d.key, d.gen`, ReconcileBatchKind, river.MaxAttemptsDefault, river.PriorityDefault)
 
-// giveBackClaimedSQL: see GiveBackClaimed. $1 ids, $2 attempts (aligned), $3
-// the time for the errors entry, $4 why.
-const giveBackClaimedSQL = `
-UPDATE river_job j SET state = 'available',
-       errors = array_append(j.errors, jsonb_build_object('at', $3::timestamptz, 'attempt', j.attempt,
-           'error', 'the batch it was taken into failed: ' || $4, 'trace', ''))
-WHERE j.id = ANY($1) AND j.state = 'running'
-  AND j.attempt = ($2::int[])[array_position($1::bigint[], j.id)]`
+// DueShardsSQL returns which of shards $1 have a due, waiting dirty key of the
+// reconciler kinds $2: one index probe per shard, so an idle process asks once
+// a poll interval for all its shards instead of claiming in each.
+const DueShardsSQL = `SELECT s FROM unnest($1::int[]) AS s
+WHERE EXISTS (SELECT 1 FROM compute_dirty d
+              WHERE d.shard = s AND d.job_id IS NULL AND d.not_before <= compute_now() AND d.kind = ANY($2::text[]))`
 
-// GiveBackClaimed returns claimed jobs (ids, with their attempts aligned) that
-// were not completed to their queue, with why in their errors at at, as the
-// takeover hand-back does. A job no longer running that attempt is left alone.
-// It returns how many it gave back.
-func GiveBackClaimed(ctx context.Context, db pg.DBTX, ids []int64, attempts []int, at time.Time, why string) (int64, error) {
-	tag, err := db.Exec(ctx, giveBackClaimedSQL, ids, attempts, at, why)
-	return tag.RowsAffected(), err
-}
+// ReadClaimedSQL reads the dirty rows that point at job $2, of reconciler $1,
+// in key order, optionally only key $3 ("" for all): key, gen and when it was
+// first dirtied.
+const ReadClaimedSQL = `SELECT key, gen, dirtied_at FROM compute_dirty
+WHERE kind = $1 AND job_id = $2 AND ($3 = '' OR key = $3) ORDER BY key`
 
-// fenceClaimedSQL: see FenceClaimedTx. $1 ids, $2 attempts (aligned).
-const fenceClaimedSQL = `SELECT j.id FROM river_job j
-			WHERE j.id = ANY($1) AND j.state = 'running' AND j.attempt = ($2::int[])[array_position($1::bigint[], j.id)]
-			ORDER BY j.id FOR UPDATE`
+// FinishDeleteSQL deletes, after a run of job $2 of reconciler $1, the rows of
+// keys $3 whose gen is still the one the run read ($4, aligned): those keys are
+// done. A row dirtied during the run keeps its higher gen.
+const FinishDeleteSQL = `DELETE FROM compute_dirty d
+USING unnest($3::text[], $4::bigint[]) AS f(key, gen)
+WHERE d.kind = $1 AND d.job_id = $2 AND d.key = f.key AND d.gen = f.gen`
 
-// FenceClaimedTx locks, in tx, the rows of the claimed jobs (ids, with their
-// attempts aligned) still running that attempt, in id order, and returns their
-// ids: each is fenced like a job's own (FenceJobSQL); one missing is stale.
-func FenceClaimedTx(ctx context.Context, tx pgx.Tx, ids []int64, attempts []int) ([]int64, error) {
-	rows, err := tx.Query(ctx, fenceClaimedSQL, ids, attempts)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[int64])
-}
+// FinishReleaseSQL, queued after FinishDeleteSQL in the same transaction (a new
+// statement, so it sees a dirty committed meanwhile), returns the rows of keys
+// $3 of job $2 of reconciler $1 that are left (dirtied during the run) to
+// waiting: the shard's holder claims them again at their not-before.
+const FinishReleaseSQL = `UPDATE compute_dirty SET job_id = NULL
+WHERE kind = $1 AND job_id = $2 AND key = ANY($3::text[])`
 
-// completeClaimedSQL: see CompleteClaimedTx. $1 ids, $2 attempts (aligned), $3
-// finalized_at.
-const completeClaimedSQL = `
-UPDATE river_job j SET state = 'completed', finalized_at = $3
-WHERE j.id = ANY($1) AND j.state = 'running'
-  AND j.attempt = ($2::int[])[array_position($1::bigint[], j.id)]
-RETURNING j.id`
+// CompleteBatchSQL completes batch job $1 in attempt $2 at $3, in the run's
+// fenced transaction (its row is locked by the fence).
+const CompleteBatchSQL = `UPDATE river_job SET state = 'completed', finalized_at = $3
+WHERE id = $1 AND attempt = $2 AND state = 'running'`
 
-// CompleteClaimedTx completes, in tx, the claimed jobs (ids, with their attempts
-// aligned) still running under their attempt (their rows are locked by
-// FenceClaimedTx: nobody can hand them back meanwhile), finalized at at. If tx
-// rolls back, so does this. It returns how many it completed.
-func CompleteClaimedTx(ctx context.Context, tx pgx.Tx, ids []int64, attempts []int, at time.Time) (int64, error) {
-	tag, err := tx.Exec(ctx, completeClaimedSQL, ids, attempts, at)
-	return tag.RowsAffected(), err
-}
+// FailKeySQL gives key $3 of reconciler $2, whose reconcile failed on its own in
+// batch job $1, a River job of its own (kind ReconcileKind, args $5) in queue $4,
+// retryable at $7 with its first attempt's error $6 (attempted by $9 at $8), and
+// points the key's row at it, not before compute_now() + $10 s (a dirty due
+// sooner takes the key back). It does nothing if the row is no longer the
+// batch's.
+var FailKeySQL = fmt.Sprintf(`
+WITH j AS (
+    INSERT INTO river_job (args, kind, max_attempts, priority, queue, scheduled_at, state,
+                           attempt, attempted_at, attempted_by, errors, tags, metadata)
+    SELECT $5::jsonb, '%s', %d, %d, $4::text, $7::timestamptz, 'retryable'::river_job_state,
+           1, $8::timestamptz, ARRAY[$9::text],
+           ARRAY[jsonb_build_object('at', $8::timestamptz, 'attempt', 1, 'error', $6::text, 'trace', '')],
+           ARRAY[$2::text]::varchar(255)[], '{}'
+    FROM compute_dirty WHERE kind = $2 AND key = $3 AND job_id = $1
+    RETURNING id
+)
+UPDATE compute_dirty d SET job_id = j.id, not_before = compute_now() + make_interval(secs => $10::float8)
+FROM j WHERE d.kind = $2 AND d.key = $3`, ReconcileKind, river.MaxAttemptsDefault, river.PriorityDefault)
 
 // --- Queue metrics (workers/metrics.go) ---
 
@@ -468,11 +426,17 @@ SELECT r.pool_id, r.id FROM capacity_reservations r
 // --- Doctor (cmd/better-compute) ---
 
 // countWaitingInShardQueuesSQL: see CountWaitingInShardQueues.
-var countWaitingInShardQueuesSQL = `SELECT queue, count(*) FROM river_job WHERE state = 'available' AND queue LIKE '` +
-	strings.ReplaceAll(ShardQueuePrefix, "_", `\_`) + `%' GROUP BY 1`
+var countWaitingInShardQueuesSQL = `SELECT queue, sum(n)::int FROM (
+    SELECT queue, count(*) AS n FROM river_job WHERE state = 'available' AND queue LIKE '` +
+	strings.ReplaceAll(ShardQueuePrefix, "_", `\_`) + `%' GROUP BY 1
+    UNION ALL
+    SELECT '` + ShardQueuePrefix + `' || shard, count(*) FROM compute_dirty
+    WHERE job_id IS NULL AND not_before <= compute_now() GROUP BY shard
+) w GROUP BY 1`
 
-// CountWaitingInShardQueues counts the available jobs of each shard queue (a
-// queue named ShardQueuePrefix…) that has any.
+// CountWaitingInShardQueues counts, for each shard queue (a queue named
+// ShardQueuePrefix…) that has any, its available jobs and its shard's due dirty
+// keys not yet claimed: the work waiting for the shard's holder.
 func CountWaitingInShardQueues(ctx context.Context, db pg.DBTX) (map[string]int, error) {
 	rows, err := db.Query(ctx, countWaitingInShardQueuesSQL)
 	if err != nil {

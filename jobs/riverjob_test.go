@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -23,20 +24,20 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // prepare against River's schema as migrated.
 func riverJobStatements() map[string]string {
 	return map[string]string{
-		"dirtySQL":                     dirtySQL,
 		"jobStateSQL":                  jobStateSQL,
-		"moveEarlierSQL":               moveEarlierSQL,
-		"requeueSQL":                   requeueSQL,
 		"FenceJobSQL":                  FenceJobSQL,
 		"anotherAttemptRunningSQL":     anotherAttemptRunningSQL,
 		"handBackShardJobsSQL":         handBackShardJobsSQL,
 		"handBackOwnRunningSQL":        handBackOwnRunningSQL,
 		"handBackEarlierSQL":           handBackEarlierSQL,
-		"ClaimReconcileSQL":            ClaimReconcileSQL,
-		"giveBackClaimedSQL":           giveBackClaimedSQL,
-		"fenceClaimedSQL":              fenceClaimedSQL,
-		"completeClaimedSQL":           completeClaimedSQL,
 		"countUnfinishedSQL":           countUnfinishedSQL,
+		"ClaimDirtySQL":                ClaimDirtySQL,
+		"ReadClaimedSQL":               ReadClaimedSQL,
+		"DueShardsSQL":                 DueShardsSQL,
+		"FinishDeleteSQL":              FinishDeleteSQL,
+		"FinishReleaseSQL":             FinishReleaseSQL,
+		"CompleteBatchSQL":             CompleteBatchSQL,
+		"FailKeySQL":                   FailKeySQL,
 		"BackfillProgressSQL (Get)":    BackfillProgressSQL + ` WHERE b.name = $1`,
 		"BackfillProgressSQL (List)":   BackfillProgressSQL + ` ORDER BY b.name`,
 		"BackfillLockSQL":              BackfillLockSQL,
@@ -202,30 +203,41 @@ func TestRiverDefaults(t *testing.T) {
 	require.Equal(t, river.PriorityDefault, byRiver.Priority)
 	require.Equal(t, river.QueueDefault, byRiver.Queue)
 
-	// DirtyTx: now (available) and later than ScheduledAfter (scheduled), each in
-	// its key's shard queue.
+	// DirtyTx puts the key in its shard (SQL and Go agree); a claim by the
+	// shard's holder inserts the batch's job running under it, with River's
+	// defaults; a key failing alone gets its own job, retryable.
 	inTx(t, func(tx pgx.Tx) error {
 		if err := DirtyTx(ctx, tx, "item", "now", nil); err != nil {
 			return err
 		}
-		return DirtyTx(ctx, tx, "item", "later", &DirtyOpts{Delay: ScheduledAfter + time.Minute})
+		return DirtyTx(ctx, tx, "item", "later", &DirtyOpts{Delay: time.Hour})
 	})
-	for key, state := range map[string]string{"now": "available", "later": "scheduled"} {
-		j := read(t, `kind = $1 AND args->>'key' = $2`, ReconcileKind, key)
-		require.Equal(t, byRiver.MaxAttempts, j.MaxAttempts, key)
-		require.Equal(t, byRiver.Priority, j.Priority, key)
-		require.Equal(t, ShardQueue(ShardOf(key, pgtest.DefaultShardCount)), j.Queue, "SQL and Go disagree on the shard of %q", key)
-		require.Equal(t, state, j.State, key)
-		require.Equal(t, []string{"item"}, j.Tags, key)
+	for _, key := range []string{"now", "later"} {
+		require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_dirty WHERE key = $1 AND shard = $2 AND job_id IS NULL`,
+			key, ShardOf(key, pgtest.DefaultShardCount)), "SQL and Go disagree on the shard of %q", key)
 	}
-
-	// RequeueTx, once the job of "now" is gone.
-	db.MustExec(t, `DELETE FROM river_job WHERE kind = $1 AND args->>'key' = 'now'`, ReconcileKind)
-	inTx(t, func(tx pgx.Tx) error { return RequeueTx(ctx, tx, "item", "now") })
-	j := read(t, `kind = $1 AND args->>'key' = 'now'`, ReconcileKind)
-	require.Equal(t, []any{byRiver.MaxAttempts, byRiver.Priority, ShardQueue(ShardOf("now", pgtest.DefaultShardCount)), "available"},
-		[]any{j.MaxAttempts, j.Priority, j.Queue, j.State})
-	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_dirty WHERE key = 'now' AND job_id = $1`, j.ID))
+	shard := ShardOf("now", pgtest.DefaultShardCount)
+	db.MustExec(t, `INSERT INTO compute_leases (name, owner, epoch, expires_at) VALUES ($1, 'w#1', 3, compute_now() + interval '1 hour')`,
+		fmt.Sprintf("shard/%d", shard))
+	var batchID, gen int64
+	var kind, key string
+	require.NoError(t, db.QueryRow(ctx, ClaimDirtySQL, shard, fmt.Sprintf("shard/%d", shard), "w#1", int64(3),
+		[]string{"item"}, []int{32}, 32, time.Now(), ShardQueue(shard)).Scan(&batchID, &kind, &key, &gen))
+	require.Equal(t, []any{"item", "now", int64(1)}, []any{kind, key, gen}, "only the due key is claimed")
+	j := read(t, `id = $1`, batchID)
+	require.Equal(t, job{ID: batchID, MaxAttempts: byRiver.MaxAttempts, Priority: byRiver.Priority, Queue: ShardQueue(shard),
+		State: "running", Tags: []string{"item"}}, j)
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE id = $1 AND kind = $2 AND attempt = 1
+		AND attempted_by = '{w#1}' AND args = '{"reconciler": "item", "keys": ["now"]}'`, batchID, ReconcileBatchKind))
+	db.MustExec(t, FailKeySQL, batchID, "item", "now", ShardQueue(shard), `{"reconciler":"item","key":"now"}`, "it failed",
+		time.Now().Add(time.Second), time.Now(), "w#1", 1.0)
+	var ownID int64
+	require.NoError(t, db.QueryRow(ctx, `SELECT job_id FROM compute_dirty WHERE key = 'now'`).Scan(&ownID))
+	j = read(t, `id = $1`, ownID)
+	require.Equal(t, job{ID: ownID, MaxAttempts: byRiver.MaxAttempts, Priority: byRiver.Priority, Queue: ShardQueue(shard),
+		State: "retryable", Tags: []string{"item"}}, j)
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE id = $1 AND kind = $2 AND attempt = 1
+		AND errors[1]->>'error' = 'it failed'`, ownID, ReconcileKind))
 
 	// A backfill batch.
 	var soon, late int64
@@ -262,10 +274,22 @@ attempted_at = clock_timestamp() - make_interval(secs => $2), attempted_by = arr
 			id, at.Seconds(), owner)
 	}
 
-	inTx(t, func(tx pgx.Tx) error { return DirtyTx(ctx, tx, "item", "k", nil) })
+	var id int64
+	inTx(t, func(tx pgx.Tx) error {
+		res, err := InsertTx(ctx, tx, Reconcile{Reconciler: "item", Key: "k"}, &river.InsertOpts{Queue: queue})
+		if err != nil {
+			return err
+		}
+		id = res.Job.ID
+		// A due dirty key waits for the shard's holder too; a later one not yet.
+		if err := DirtyTx(ctx, tx, "item", "k", nil); err != nil {
+			return err
+		}
+		return DirtyTx(ctx, tx, "item", "later", &DirtyOpts{Delay: time.Hour})
+	})
 	waiting, err := CountWaitingInShardQueues(ctx, db)
 	require.NoError(t, err)
-	require.Equal(t, map[string]int{queue: 1}, waiting)
+	require.Equal(t, map[string]int{queue: 2}, waiting, "the job and the due dirty key")
 	depths, err := DueByQueue(ctx, db)
 	require.NoError(t, err)
 	require.Len(t, depths, 1)
@@ -276,8 +300,6 @@ attempted_at = clock_timestamp() - make_interval(secs => $2), attempted_by = arr
 	require.Equal(t, []QueueCount{{Queue: queue, State: "available", Jobs: 1}}, counts)
 
 	// Running for ten minutes under w#1.
-	var id int64
-	require.NoError(t, db.QueryRow(ctx, `SELECT job_id FROM compute_dirty WHERE key = 'k'`).Scan(&id))
 	run(t, id, "w#1", 10*time.Minute)
 	n, err := CountRunning(ctx, db)
 	require.NoError(t, err)
@@ -295,20 +317,6 @@ attempted_at = clock_timestamp() - make_interval(secs => $2), attempted_by = arr
 	require.Equal(t, RunningGroup{Queue: queue, Client: "w#1", Jobs: 1, Old: 1, OldestAttempt: groups[0].OldestAttempt}, groups[0])
 	require.NotNil(t, groups[0].OldestAttempt)
 
-	// A batch fences and completes it; a stale attempt is not fenced.
-	inTx(t, func(tx pgx.Tx) error {
-		fenced, err := FenceClaimedTx(ctx, tx, []int64{id}, []int{2})
-		require.NoError(t, err)
-		require.Empty(t, fenced)
-		fenced, err = FenceClaimedTx(ctx, tx, []int64{id}, []int{1})
-		require.NoError(t, err)
-		require.Equal(t, []int64{id}, fenced)
-		done, err := CompleteClaimedTx(ctx, tx, []int64{id}, []int{1}, time.Now())
-		require.NoError(t, err)
-		require.EqualValues(t, 1, done)
-		return nil
-	})
-
 	// Hand-backs: each returns a running job to available.
 	back := func(t *testing.T, owner string, fn func() (int64, error)) {
 		t.Helper()
@@ -320,9 +328,6 @@ attempted_at = clock_timestamp() - make_interval(secs => $2), attempted_by = arr
 		require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE id = $1 AND state = 'available'`, id))
 	}
 	back(t, "w#1", func() (int64, error) { return HandBackOwnRunning(ctx, db, []string{queue}, "w#1") })
-	back(t, "w#1", func() (int64, error) {
-		return GiveBackClaimed(ctx, db, []int64{id}, []int{3}, time.Now(), "a test")
-	})
 	back(t, "w#1", func() (int64, error) {
 		db.MustExec(t, `INSERT INTO compute_leases (name, owner, epoch, expires_at) VALUES ('shard/x', 'w#2', 7, compute_now() + interval '1 hour')`)
 		queues, err := HandBackShardJobs(ctx, db, &HandBackParams{Leases: []string{"shard/x"}, Epochs: []int64{7}, Queues: []string{queue},

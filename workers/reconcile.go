@@ -2,14 +2,15 @@ package workers
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/jobs"
@@ -17,8 +18,21 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
 
-// reconcileWorker works jobs.Reconcile: one key of one reconciler, in the fenced
-// job transaction.
+// How reconciles run (see jobs.DirtyTx for how keys are marked):
+//
+//	dirty row, job_id NULL ──the shard holder's claim──▶ claimed by a reconcile_batch job (running)
+//	claimed ──batch commits, gen unchanged──▶ no row
+//	claimed ──batch commits, gen moved (dirtied during the run)──▶ waiting again (job_id NULL)
+//	claimed ──a key fails alone──▶ its own reconcile job, retryable (River's backoff)
+//	claimed ──holder dies or loses the lease──▶ the job is handed back; River works it
+//	own job ──succeeds──▶ no row (or waiting again) | ──fails──▶ River retries it
+//
+// Every run is one transaction fenced by the shard lease and by its job's
+// attempt, and touches only the rows that point at its job: a key has one live
+// job at a time, so two reconciles of a key never both commit.
+
+// reconcileWorker works jobs.Reconcile: one key of one reconciler, on its own
+// (a key whose reconcile failed in a batch, retried with River's backoff).
 type reconcileWorker struct {
 	river.WorkerDefaults[jobs.Reconcile]
 	reg *Registry
@@ -31,316 +45,416 @@ func (w *reconcileWorker) Work(ctx context.Context, job *river.Job[jobs.Reconcil
 		return fault.New(fault.NotFound, "no reconciler %q is registered in this process", job.Args.Reconciler)
 	}
 	rt := runtimeFrom(ctx)
-	kind, b := job.Args.Reconciler, rec.batch()
-	if b <= 1 {
-		return w.work(ctx, job, rec, nil)
+	l, ok := rt.leaseForQueue(job.Queue)
+	if !ok {
+		rt.metrics.fenced(job.Queue)
+		return fault.New(fault.Fenced, "job %d: this process holds no lease for queue %s", job.ID, job.Queue)
 	}
+	var b batchRun
+	err := b.tx(ctx, rt, l, job.JobRow, rec, job.Args.Key, true)
+	var ke *keyError
+	if errors.As(err, &ke) {
+		return ke.err // River retries it with backoff
+	}
+	return err // completed in the run's transaction
+}
 
-	// The job's own key, with a first batch of due keys of the same reconciler
-	// and shard, in the job's fenced transaction.
-	more, err := claim(ctx, rt, job.Queue, kind, b-1)
+// batchWorker works jobs.ReconcileBatch when River runs it: a batch whose
+// claimer died or lost its shard before it committed, handed back by the
+// shard's next holder.
+type batchWorker struct {
+	river.WorkerDefaults[jobs.ReconcileBatch]
+	reg *Registry
+}
+
+func (w *batchWorker) Work(ctx context.Context, job *river.Job[jobs.ReconcileBatch]) error {
+	rec := w.reg.reconcilers[job.Args.Reconciler]
+	if rec == nil {
+		return fault.New(fault.NotFound, "no reconciler %q is registered in this process", job.Args.Reconciler)
+	}
+	rt := runtimeFrom(ctx)
+	l, ok := rt.leaseForQueue(job.Queue)
+	if !ok {
+		rt.metrics.fenced(job.Queue)
+		return fault.New(fault.Fenced, "job %d: this process holds no lease for queue %s", job.ID, job.Queue)
+	}
+	return runBatch(ctx, rt, l, job.JobRow, rec)
+}
+
+// runBatch reconciles every key whose dirty row points at batch job row, in one
+// fenced transaction that completes the job. If a key fails, that transaction
+// is rolled back, the failing key leaves the batch for a River job of its own
+// (retried with River's backoff), and the rest is redone, in one transaction
+// again.
+func runBatch(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.JobRow, rec *Reconciler) error {
+	var b batchRun
+	for {
+		err := b.tx(ctx, rt, l, row, rec, "", true)
+		var ke *keyError
+		if !errors.As(err, &ke) {
+			return err
+		}
+		if err := failKey(ctx, rt, l, row, rec, ke.key, ke.err); err != nil {
+			return err
+		}
+	}
+}
+
+// failKey gives key, whose reconcile failed with cause on its own, a River job of
+// its own, retryable after River's backoff for a first attempt, with cause
+// (secrets removed) as that attempt's error.
+func failKey(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, key string, cause error) error {
+	args, err := json.Marshal(jobs.Reconcile{Reconciler: rec.Kind, Key: key})
 	if err != nil {
 		return err
 	}
-	err = w.work(ctx, job, rec, more)
-	switch {
-	case errors.Is(err, errBatchKey):
-		// A batched key failed: the job's own key alone, then each batched key
-		// alone, so only the failing one goes back to retry.
-		if err := w.work(ctx, job, rec, nil); err != nil {
-			giveBack(ctx, rt, more, err)
+	now := time.Now()
+	at := (&river.DefaultClientRetryPolicy{}).NextRetry(&rivertype.JobRow{Attempt: 1, AttemptedAt: &now})
+	msg := rt.redactErr(cause).Error()
+	rt.log.Warn().Str("reconciler", rec.Kind).Str("key", key).Str("error", msg).Time("retry_at", at).
+		Msg("reconcile failed; the key retries as its own job")
+	return fencedTx(ctx, rt, l, row, func(ctx context.Context, tx pgx.Tx) error {
+		if err := fenceJob(ctx, tx, l, row); err != nil {
 			return err
 		}
-		w.isolate(ctx, rt, job.Queue, rec, more)
-	case err != nil:
-		giveBack(ctx, rt, more, err)
+		_, err := tx.Exec(ctx, jobs.FailKeySQL, row.ID, rec.Kind, key, row.Queue, string(args), msg, at, now,
+			rt.owner, at.Sub(now).Seconds())
 		return err
-	}
-
-	// While batches come back full, keep draining for a moment: River fetches a
-	// queue once per poll interval, so this is what lets a busy shard go faster
-	// than one batch per poll.
-	deadline := time.Now().Add(DrainFor)
-	for len(more) == b-1 && time.Now().Before(deadline) && ctx.Err() == nil {
-		if more, err = claim(ctx, rt, job.Queue, kind, b-1); err != nil || len(more) == 0 {
-			break
-		}
-		err := w.workClaimed(ctx, rt, job.Queue, rec, more)
-		switch {
-		case errors.Is(err, errBatchKey):
-			w.isolate(ctx, rt, job.Queue, rec, more)
-		case err != nil:
-			giveBack(ctx, rt, more, err)
-			return nil // this job's own work is done; the others retry on their own
-		}
-	}
-	return nil
+	})
 }
 
-// DrainFor is how long a reconcile job keeps taking full batches of its shard
-// after its own.
-const DrainFor = time.Second
-
-// isolate reconciles claimed jobs one per transaction after their batch failed,
-// giving back only the ones that fail again.
-func (w *reconcileWorker) isolate(ctx context.Context, rt *Runtime, queue string, rec *Reconciler, cs []claimed) {
-	for _, c := range cs {
-		if err := w.workClaimed(ctx, rt, queue, rec, []claimed{c}); err != nil {
-			giveBack(ctx, rt, []claimed{c}, err)
-		}
-	}
+// keyError is a reconcile's own error (or panic) for one key: the run rolls
+// back and the key is retried, alone.
+type keyError struct {
+	key string
+	err error
 }
 
-// errBatchKey marks a failure of a key taken into a batch, not of the job's own.
-var errBatchKey = errors.New("a batched key failed")
+func (e *keyError) Error() string { return fmt.Sprintf("reconcile of %s failed: %v", e.key, e.err) }
+func (e *keyError) Unwrap() error { return e.err }
 
-// claimed is a waiting reconcile job of the same reconciler and shard that a
-// running job took into its batch.
-type claimed struct {
-	id      int64
-	attempt int
+// claimedKey is a dirty row that points at a run's job.
+type claimedKey struct {
 	key     string
+	gen     int64
+	dirtied time.Time
 }
 
-// claim takes up to n more due jobs of reconciler kind in queue into a batch
-// (jobs.ClaimReconcileSQL).
-//
-// A claim that finds nothing makes the next claims of that queue and reconciler
-// skip for one poll interval: when keys trickle in, each job is its own batch,
-// and an empty claim per job would only cost a transaction.
-func claim(ctx context.Context, rt *Runtime, queue, kind string, n int) ([]claimed, error) {
-	l, ok := rt.leaseForQueue(queue)
-	if !ok {
-		return nil, nil // the job's own fence reports it
-	}
-	idleKey := queue + "\x00" + kind
-	if until, ok := rt.claimIdle.Load(idleKey); ok && time.Now().Before(until.(time.Time)) {
-		return nil, nil
-	}
-	var out []claimed
-	err := pg.InTx(ctx, rt.pool, func(ctx context.Context, tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, jobs.ClaimReconcileSQL, queue, time.Now(), kind, n, l.Name, l.Owner, l.Epoch)
-		if err != nil {
-			return err
-		}
-		out = out[:0]
-		for rows.Next() {
-			var c claimed
-			if err := rows.Scan(&c.id, &c.attempt, &c.key); err != nil {
-				rows.Close()
-				return err
-			}
-			out = append(out, c)
-		}
-		rows.Close()
-		return rows.Err()
-	})
-	if err != nil {
-		return nil, fmt.Errorf("error claiming a batch of %s: %w", kind, err)
-	}
-	if len(out) == 0 {
-		rt.claimIdle.Store(idleKey, time.Now().Add(rt.o.PollInterval))
-	}
-	return out, nil
+func scanClaimed(row pgx.CollectableRow) (claimedKey, error) {
+	var c claimedKey
+	err := row.Scan(&c.key, &c.gen, &c.dirtied)
+	return c, err
 }
 
-// giveBack returns claimed jobs that were not completed to their queue, with
-// why in their errors, as the takeover handback does.
-func giveBack(ctx context.Context, rt *Runtime, cs []claimed, cause error) {
-	ids := make([]int64, len(cs))
-	attempts := make([]int, len(cs))
-	for i, c := range cs {
-		ids[i], attempts[i] = c.id, c.attempt
-	}
-	_, err := jobs.GiveBackClaimed(context.WithoutCancel(ctx), rt.pool, ids, attempts, time.Now(), rt.redactErr(cause).Error())
-	if err != nil {
-		// They stay running under this process; the next shard holder (or
-		// River's rescuer) hands them back.
-		rt.log.Warn().Err(err).Int("jobs", len(cs)).Msg("could not give back the jobs of a failed batch")
-	}
-}
-
-// work runs the job's own key, and the claimed jobs' keys, in the job's fenced
-// transaction, completing them all.
-func (w *reconcileWorker) work(ctx context.Context, job *river.Job[jobs.Reconcile], rec *Reconciler, more []claimed) error {
-	var b batchRun
-	err := InTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
-		return b.run(ctx, tx, rec, job.Args.Key, more)
-	})
-	b.report(runtimeFrom(ctx), rec.Kind, err)
-	return err
-}
-
-// workClaimed runs claimed jobs' keys in a transaction fenced by the shard lease
-// (and each claimed job's attempt), completing them.
-func (w *reconcileWorker) workClaimed(ctx context.Context, rt *Runtime, queue string, rec *Reconciler, more []claimed) error {
-	l, ok := rt.leaseForQueue(queue)
-	if !ok {
-		return fault.New(fault.Fenced, "this process holds no lease for queue %s", queue)
-	}
-	var b batchRun
-	err := pg.InTx(ctx, rt.pool, func(ctx context.Context, tx pgx.Tx) error {
-		if err := lease.FenceTx(ctx, tx, l); err != nil {
-			return err
-		}
-		return b.run(ctx, tx, rec, "", more)
-	})
+// fencedTx runs fn in a transaction, again while the connection is lost and the
+// lease holds (inTxRetrying), counting a FENCED outcome.
+func fencedTx(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.JobRow, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	err := inTxRetrying(ctx, rt, row, l, fn)
 	if fault.Has(err, fault.Fenced) {
-		rt.metrics.fenced(queue)
+		rt.metrics.fenced(row.Queue)
 	}
-	b.report(rt, rec.Kind, err)
 	return err
 }
 
-// batchRun is one transaction's reconciles.
+// fenceJob is FenceTx, the lease and the job's attempt, as the first statements
+// of tx.
+func fenceJob(ctx context.Context, tx pgx.Tx, l lease.Lease, row *rivertype.JobRow) error {
+	return FenceTx(ctx, tx, l, row)
+}
+
+// batchRun is one reconcile transaction.
 type batchRun struct {
 	start   time.Time
 	dirtied []time.Time
 }
 
-// run reconciles own (the fenced job's key; "" for none) and the claimed jobs'
-// keys in tx, ends them, and completes the claimed jobs. A failing batched key
-// returns errBatchKey; a failing own key its own error.
-func (b *batchRun) run(ctx context.Context, tx pgx.Tx, rec *Reconciler, own string, more []claimed) error {
+// tx runs, in one fenced transaction, the reconciles of the keys that point at
+// job row (only that one key unless only is ""): the fences and the read of
+// the rows in one round trip, each reconcile, then one round trip that deletes
+// the rows still at the gen read, returns the others to waiting and, if
+// complete, completes the job. A reconcile's error is a *keyError.
+func (b *batchRun) tx(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, only string, complete bool) error {
+	err := fencedTx(ctx, rt, l, row, func(ctx context.Context, tx pgx.Tx) error {
+		return b.run(ctx, tx, l, row, rec, only, complete)
+	})
+	if err == nil {
+		took := time.Since(b.start)
+		now := rt.anchor.Now()
+		for _, at := range b.dirtied {
+			rt.metrics.reconciled(rec.Kind, took, now.Sub(at))
+		}
+	}
+	return err
+}
+
+func (b *batchRun) run(ctx context.Context, tx pgx.Tx, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, only string, complete bool) error {
 	b.start, b.dirtied = time.Now(), b.dirtied[:0]
 	kind := rec.Kind
-	var keys []string
-	if own != "" {
-		keys = append(keys, own)
+
+	// The fences and the rows, one round trip.
+	fb := &pgx.Batch{}
+	fb.Queue(lease.FenceSQL, l.Name, l.Owner, l.Epoch)
+	fb.Queue(jobs.FenceJobSQL, row.ID, row.Attempt)
+	fb.Queue(jobs.ReadClaimedSQL, kind, row.ID, only)
+	res := tx.SendBatch(ctx, fb)
+	leaseRows, errLease := countRows(res)
+	jobRows, errJob := countRows(res)
+	var claimed []claimedKey
+	rows, errRows := res.Query()
+	if errRows == nil {
+		claimed, errRows = pgx.CollectRows(rows, scanClaimed)
 	}
-	var ids []int64
-	var attempts []int
-	if len(more) > 0 {
-		// The claimed jobs are this process's now; fence each like a job's own.
-		ids = make([]int64, 0, len(more))
-		attempts = make([]int, 0, len(more))
-		for _, c := range more {
-			ids, attempts = append(ids, c.id), append(attempts, c.attempt)
-		}
-		fenced, err := jobs.FenceClaimedTx(ctx, tx, ids, attempts)
+	if err := res.Close(); err != nil && errLease == nil && errJob == nil && errRows == nil {
+		errRows = err
+	}
+	switch {
+	case errLease != nil:
+		return pg.Translate(fmt.Errorf("error fencing lease %s: %w", l.Name, errLease))
+	case errJob != nil:
+		return pg.Translate(fmt.Errorf("error fencing job %d: %w", row.ID, errJob))
+	case leaseRows == 0:
+		return fault.New(fault.Fenced, "job %d: lease %s (owner %s, epoch %d) is no longer held", row.ID, l.Name, l.Owner, l.Epoch)
+	case jobRows == 0:
+		return fault.New(fault.Fenced, "job %d: attempt %d is stale (the job is no longer running this attempt)", row.ID, row.Attempt)
+	case errRows != nil:
+		return pg.Translate(fmt.Errorf("error reading the dirty keys of job %d: %w", row.ID, errRows))
+	}
+
+	keys := make([]string, len(claimed))
+	gens := make([]int64, len(claimed))
+	var again []claimedKey
+	var delays []time.Duration
+	for i, c := range claimed {
+		res, err := reconcileOne(ctx, tx, rec, c.key)
 		if err != nil {
+			return &keyError{key: c.key, err: err}
+		}
+		keys[i], gens[i] = c.key, c.gen
+		b.dirtied = append(b.dirtied, c.dirtied)
+		if res.RequeueAfter > 0 {
+			again, delays = append(again, c), append(delays, res.RequeueAfter)
+		}
+	}
+
+	// Done: rows still at the gen read go, the others wait again (a new
+	// statement sees a dirty committed during the run), the job completes.
+	eb := &pgx.Batch{}
+	if len(keys) > 0 {
+		eb.Queue(jobs.FinishDeleteSQL, kind, row.ID, keys, gens)
+		eb.Queue(jobs.FinishReleaseSQL, kind, row.ID, keys)
+	}
+	if complete {
+		eb.Queue(jobs.CompleteBatchSQL, row.ID, row.Attempt, time.Now())
+	}
+	if eb.Len() > 0 {
+		res := tx.SendBatch(ctx, eb)
+		var n int64
+		var err error
+		for range eb.Len() {
+			tag, e := res.Exec()
+			if e != nil {
+				err = e
+				break
+			}
+			n += tag.RowsAffected()
+		}
+		if cerr := res.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("error finishing the reconciles of %s: %w", kind, err)
+		}
+		want := int64(len(keys))
+		if complete {
+			want++
+		}
+		if n != want {
+			// A row stopped pointing at this job during the run: only a job that
+			// was no longer live may lose its key, so this attempt is stale.
+			return fault.New(fault.Fenced, "job %d: %d of its %d keys are no longer its own", row.ID, want-n, want)
+		}
+	}
+	for i, c := range again {
+		if err := jobs.DirtyTx(ctx, tx, kind, c.key, &jobs.DirtyOpts{Delay: delays[i]}); err != nil {
 			return err
 		}
-		ok := make(map[int64]bool, len(fenced))
-		for _, id := range fenced {
-			ok[id] = true
+	}
+	return nil
+}
+
+// reconcileOne runs rec for key in tx, a panic becoming its error.
+func reconcileOne(ctx context.Context, tx pgx.Tx, rec *Reconciler, key string) (res Result, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fault.New(fault.Internal, "reconcile of %s/%s panicked: %v", rec.Kind, key, p)
 		}
-		for _, c := range more {
-			if ok[c.id] {
-				keys = append(keys, c.key)
+	}()
+	return rec.Reconcile(ctx, tx, key)
+}
+
+// --- The shard's claim loop ---
+
+// claimLoop claims and runs batches of due dirty keys of shard while this
+// process holds its lease: up to WorkersPerShard batches at once; a claim that
+// comes back full is followed by the next at once (the drain), one that does
+// not by a wait for the scout (scoutLoop) to find the shard due again. It
+// returns when the lease is lost or the runtime stops claiming, after its
+// batches in flight ended.
+func (rt *Runtime) claimLoop(shard int, wake <-chan struct{}) {
+	defer rt.claimWG.Done()
+	var running sync.WaitGroup
+	defer func() {
+		running.Wait()
+		rt.claimLoopDone(shard)
+	}()
+	kinds, sizes, limit := rt.o.Registry.claimKinds()
+	queue := jobs.ShardQueue(shard)
+	name := ShardLease(shard)
+	slots := make(chan struct{}, rt.o.WorkersPerShard)
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-rt.claimStop:
+				return
+			case <-wake:
+			}
+		}
+		for {
+			l, ok := rt.keeper.Held(name)
+			if !ok {
+				return
+			}
+			select {
+			case slots <- struct{}{}:
+			case <-rt.claimStop:
+				return
+			}
+			batches, n, err := rt.claimDirty(l, shard, queue, kinds, sizes, limit)
+			if err != nil || len(batches) == 0 {
+				<-slots
+				if err != nil && rt.runCtx.Err() == nil {
+					rt.log.Warn().Err(err).Str("queue", queue).Msg("could not claim dirty keys; retrying at the next poll")
+				}
+				break
+			}
+			running.Add(1)
+			go func() {
+				defer func() { <-slots; running.Done() }()
+				for _, bt := range batches {
+					rt.workBatch(l, bt)
+				}
+			}()
+			if n < limit {
+				break
 			}
 		}
 	}
-	// What each key's dirty row says now; a key with none is done already.
-	type dirtyRow struct {
-		gen int64
-		at  time.Time
-	}
-	byKey := make(map[string]dirtyRow, len(keys))
-	rows, err := tx.Query(ctx, `SELECT key, gen, dirtied_at FROM compute_dirty WHERE kind = $1 AND key = ANY($2)`, kind, keys)
-	if err != nil {
-		return fmt.Errorf("error reading the dirty rows of %s: %w", kind, err)
-	}
-	for rows.Next() {
-		var k string
-		var d dirtyRow
-		if err := rows.Scan(&k, &d.gen, &d.at); err != nil {
-			rows.Close()
-			return err
-		}
-		byKey[k] = d
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
+}
 
-	var done []finished
-	for i, key := range keys {
-		d, ok := byKey[key]
-		if !ok {
+// scoutLoop asks, once a poll interval, which shards with a claim loop have a
+// due key (jobs.DueShardsSQL, one statement for all of them), and wakes their
+// loops: an idle process costs the database one statement a poll interval for
+// its reconcilers, not one per shard.
+func (rt *Runtime) scoutLoop() {
+	defer rt.claimWG.Done()
+	kinds, _, _ := rt.o.Registry.claimKinds()
+	t := time.NewTicker(rt.o.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-rt.claimStop:
+			return
+		case <-t.C:
+		}
+		shards := rt.claimingShards()
+		if len(shards) == 0 {
 			continue
 		}
-		res, err := rec.Reconcile(ctx, tx, key)
+		ctx, cancel := context.WithTimeout(rt.runCtx, 30*time.Second)
+		rows, err := rt.pool.Query(ctx, jobs.DueShardsSQL, shards, kinds)
+		var due []int
+		if err == nil {
+			due, err = pgx.CollectRows(rows, pgx.RowTo[int])
+		}
+		cancel()
 		if err != nil {
-			if i == 0 && own != "" {
-				return err
+			if rt.runCtx.Err() == nil {
+				rt.log.Debug().Err(err).Msg("could not look for due dirty keys; retrying at the next poll")
 			}
-			return fmt.Errorf("%w: %s/%s: %w", errBatchKey, kind, key, err)
+			continue
 		}
-		done = append(done, finished{key: key, gen: d.gen, res: res})
-		b.dirtied = append(b.dirtied, d.at)
-	}
-	if err := finishAll(ctx, tx, kind, done); err != nil {
-		return err
-	}
-	if len(ids) > 0 {
-		if _, err := jobs.CompleteClaimedTx(ctx, tx, ids, attempts, time.Now()); err != nil {
-			return fmt.Errorf("error completing a batch of %s: %w", kind, err)
+		for _, s := range due {
+			rt.wakeClaimLoop(s)
 		}
 	}
-	return nil
 }
 
-func (b *batchRun) report(rt *Runtime, kind string, err error) {
-	if err != nil || rt == nil {
-		return
+// claimedBatch is a batch job a claim inserted.
+type claimedBatch struct {
+	row *rivertype.JobRow
+	rec *Reconciler
+}
+
+// claimDirty claims up to limit due keys of shard (jobs.ClaimDirtySQL) and
+// returns their batch jobs and how many keys it claimed.
+func (rt *Runtime) claimDirty(l lease.Lease, shard int, queue string, kinds []string, sizes []int, limit int) ([]claimedBatch, int, error) {
+	ctx, cancel := context.WithTimeout(rt.runCtx, 30*time.Second)
+	defer cancel()
+	now := time.Now()
+	rows, err := rt.pool.Query(ctx, jobs.ClaimDirtySQL, shard, l.Name, l.Owner, l.Epoch, kinds, sizes, limit, now, queue)
+	if err != nil {
+		return nil, 0, err
 	}
-	took := time.Since(b.start)
-	now := rt.anchor.Now()
-	for _, at := range b.dirtied {
-		rt.metrics.reconciled(kind, took, now.Sub(at))
-	}
-}
-
-// finished is a key reconciled in this transaction, with the gen the run read.
-type finished struct {
-	key string
-	gen int64
-	res Result
-}
-
-// finishAll ends the reconciles of done in their transaction, after every
-// reconcile's own writes: a dirty row goes only if its gen is the one the run
-// read; a key dirtied during the run gets a follow-up job at its not_before; a
-// requested rerun is a DirtyTx with that delay. One statement for all, in key order.
-func finishAll(ctx context.Context, tx pgx.Tx, kind string, done []finished) error {
-	if len(done) == 0 {
+	var out []claimedBatch
+	seen := map[int64]bool{}
+	n := 0
+	var id int64
+	var kind, key string
+	var gen int64
+	_, err = pgx.ForEachRow(rows, []any{&id, &kind, &key, &gen}, func() error {
+		n++
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, claimedBatch{
+				row: &rivertype.JobRow{ID: id, Attempt: 1, AttemptedAt: &now, Queue: queue, Kind: jobs.ReconcileBatchKind},
+				rec: rt.o.Registry.reconcilers[kind],
+			})
+		}
 		return nil
+	})
+	return out, n, err
+}
+
+// workBatch runs a claimed batch as River would run its job: tracked (a lost
+// lease or the end of the stop grace cancels it), within the job timeout, its
+// outcome counted. A batch that could not commit stays running under this
+// process: the next lease round hands it back (an own running job no goroutine
+// works), and River runs it.
+func (rt *Runtime) workBatch(l lease.Lease, bt claimedBatch) {
+	timeout := rt.o.JobTimeout
+	if timeout <= 0 {
+		timeout = river.JobTimeoutDefault
 	}
-	slices.SortFunc(done, func(a, b finished) int { return strings.Compare(a.key, b.key) })
-	keys := make([]string, len(done))
-	gens := make([]int64, len(done))
-	for i, f := range done {
-		keys[i], gens[i] = f.key, f.gen
-	}
-	rows, err := tx.Query(ctx, `
-WITH del AS (
-    DELETE FROM compute_dirty d
-    WHERE d.kind = $1 AND d.key = ANY($2) AND d.gen = ($3::bigint[])[array_position($2::text[], d.key)]
-    RETURNING d.key
-)
-SELECT f.key FROM unnest($2::text[]) AS f(key) WHERE f.key NOT IN (SELECT key FROM del)`, kind, keys, gens)
+	ctx, cancel := context.WithCancelCause(context.WithValue(rt.runCtx, runtimeKey{}, rt))
+	ctx, cancelTimeout := context.WithTimeout(ctx, timeout)
+	rt.track(bt.row.Queue, bt.row.ID, cancel)
+	defer func() {
+		rt.untrack(bt.row.Queue, bt.row.ID)
+		cancelTimeout()
+		cancel(nil)
+	}()
+	start := time.Now()
+	err := runBatch(ctx, rt, l, bt.row, bt.rec)
+	outcome := "completed"
 	if err != nil {
-		return fmt.Errorf("error clearing the dirty rows of %s: %w", kind, err)
-	}
-	moved, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return fmt.Errorf("error clearing the dirty rows of %s: %w", kind, err)
-	}
-	for _, key := range moved { // dirtied again during the run
-		if err := jobs.RequeueTx(ctx, tx, kind, key); err != nil {
-			return err
+		outcome = "failed"
+		if fault.Has(err, fault.Fenced) {
+			outcome = "fenced"
 		}
+		rt.log.Warn().Err(rt.redactErr(err)).Int64("job_id", bt.row.ID).Str("queue", bt.row.Queue).
+			Msg("reconcile batch did not commit; it is handed back to the queue")
 	}
-	for _, f := range done {
-		if f.res.RequeueAfter > 0 {
-			if err := jobs.DirtyTx(ctx, tx, kind, f.key, &jobs.DirtyOpts{Delay: f.res.RequeueAfter}); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	rt.metrics.jobDone(jobs.ReconcileBatchKind, bt.row.Queue, outcome, time.Since(start))
 }
 
 // resyncWorker works jobs.Resync: it marks every key a reconciler lists dirty,

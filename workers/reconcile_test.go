@@ -27,29 +27,28 @@ func dirty(t *testing.T, db *pgtest.DB, kind, key string, delay time.Duration) {
 	}))
 }
 
-// TestDirtyCoalesces: 1,000 dirties of one waiting key make one job and, once
-// worked, one reconcile; the earlier not-before wins and moves the waiting job.
+// TestDirtyCoalesces: 1,000 dirties of one waiting key keep one row and, once
+// worked, give one reconcile; the earlier not-before wins.
 func TestDirtyCoalesces(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 
-	// Waiting an hour: 1,000 more dirties add no job and only raise the gen.
+	// Waiting an hour: 1,000 more dirties keep one row and only raise the gen.
 	dirty(t, db, "thing", "k1", time.Hour)
 	for i := 0; i < 1000; i++ {
 		dirty(t, db, "thing", "k1", time.Hour+time.Duration(i)*time.Second)
 	}
-	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'reconcile'`))
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_dirty`))
 	require.Equal(t, 1001, db.MustCount(t, `SELECT gen FROM compute_dirty WHERE key = 'k1'`))
-	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE state = 'scheduled'
-		AND scheduled_at > clock_timestamp() + interval '59 minutes'`), "a later not-before does not move the job")
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_dirty WHERE key = 'k1' AND job_id IS NULL
+		AND not_before BETWEEN compute_now() + interval '59 minutes' AND compute_now() + interval '61 minutes'`),
+		"a later not-before does not move the key")
+	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM river_job`), "a waiting key costs no River job")
 
-	// An earlier not-before wins: the waiting job becomes due now.
+	// An earlier not-before wins: the key becomes due now.
 	dirty(t, db, "thing", "k1", 0)
-	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'reconcile'`))
-	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE state = 'available'
-		AND scheduled_at <= clock_timestamp()`), "the earlier not-before moved the job")
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_dirty WHERE key = 'k1'
-		AND not_before <= compute_now()`))
+		AND not_before <= compute_now()`), "the earlier not-before moved the key")
 
 	var reconciles atomic.Int64
 	reg := workers.NewRegistry()
@@ -64,6 +63,8 @@ func TestDirtyCoalesces(t *testing.T) {
 	})
 	time.Sleep(300 * time.Millisecond) // room for a second (wrong) reconcile
 	require.EqualValues(t, 1, reconciles.Load(), "1,001 dirties of a waiting key give one reconcile")
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'reconcile_batch' AND state = 'completed'
+		AND args->'keys' = '["k1"]'`), "its one batch job shows in River")
 }
 
 // TestNoLostWakeupAndNoOverlap: many goroutines change and dirty random keys
@@ -139,7 +140,7 @@ func TestNoLostWakeupAndNoOverlap(t *testing.T) {
 	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM seen a JOIN seen b
 		ON a.key = b.key AND a.ctid < b.ctid AND a.started < b.finished AND b.started < a.finished`),
 		"no two reconciles of one key overlapped in time")
-	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'reconcile' AND state NOT IN ('completed')`))
+	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM river_job WHERE state NOT IN ('completed')`))
 }
 
 // TestRequeueAfterAndDirtyDuringRun: a reconcile asking to run again is run again
@@ -237,8 +238,8 @@ func TestFaultsBecomeOutcomes(t *testing.T) {
 }
 
 // TestBatchReconcilesInOneTransaction: due keys of one shard are reconciled
-// several per fenced transaction; a batched key that fails rolls back only into a
-// retry of the job's own key, and retries on its own.
+// several per fenced transaction, each batch one River job; a key that fails
+// leaves its batch (the rest commits) and retries as its own River job.
 func TestBatchReconcilesInOneTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -271,5 +272,144 @@ func TestBatchReconcilesInOneTransaction(t *testing.T) {
 	require.Equal(t, 40, db.MustCount(t, `SELECT count(DISTINCT key) FROM done`))
 	require.Equal(t, 40, db.MustCount(t, `SELECT count(*) FROM done`), "each key reconciled once")
 	require.Less(t, db.MustCount(t, `SELECT count(DISTINCT txid) FROM done`), 20, "keys were batched into few transactions")
-	require.Equal(t, 40, db.MustCount(t, `SELECT count(*) FROM river_job WHERE state = 'completed'`))
+	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM river_job WHERE state <> 'completed'`))
+	require.LessOrEqual(t, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'reconcile_batch'`), 8,
+		"batches of up to 10 keys")
+	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'reconcile_batch'
+		AND jsonb_array_length(args->'keys') > 10`), "no batch above its reconciler's Batch")
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'reconcile' AND args->>'key' = 'k13'
+		AND attempt = 2 AND errors[1]->>'error' LIKE '%k13 fails once%'`), "the failing key retried as its own job")
+}
+
+// TestMarkDirtyFromATrigger: a trigger that calls compute_mark_dirty marks keys
+// dirty in the writer's transaction: a committed write is reconciled, a rolled
+// back one leaves nothing, and many writes of one row coalesce.
+func TestMarkDirtyFromATrigger(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(t, `CREATE TABLE stock (sku text PRIMARY KEY, qty int NOT NULL)`)
+	db.MustExec(t, `CREATE TABLE seen (sku text, qty int)`)
+	db.MustExec(t, `CREATE FUNCTION stock_dirty() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM compute_mark_dirty('stock', NEW.sku);
+    RETURN NEW;
+END $$`)
+	db.MustExec(t, `CREATE TRIGGER stock_dirty AFTER INSERT OR UPDATE ON stock FOR EACH ROW EXECUTE FUNCTION stock_dirty()`)
+
+	var runs atomic.Int64
+	reg := workers.NewRegistry()
+	require.NoError(t, workers.AddReconciler(reg, workers.Reconciler{Kind: "stock",
+		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
+			runs.Add(1)
+			_, err := tx.Exec(ctx, `INSERT INTO seen SELECT sku, qty FROM stock WHERE sku = $1`, key)
+			return workers.Result{}, err
+		}}))
+
+	// Before any worker runs: 50 updates of one row are one dirty row.
+	db.MustExec(t, `INSERT INTO stock VALUES ('apple', 0)`)
+	for i := 1; i <= 50; i++ {
+		db.MustExec(t, `UPDATE stock SET qty = $1 WHERE sku = 'apple'`, i)
+	}
+	require.Equal(t, 51, db.MustCount(t, `SELECT gen FROM compute_dirty WHERE kind = 'stock' AND key = 'apple'`))
+	err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO stock VALUES ('pear', 1)`); err != nil {
+			return err
+		}
+		return errors.New("roll back")
+	})
+	require.Error(t, err)
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM compute_dirty WHERE key = 'pear'`), "a rolled-back write marks nothing")
+
+	workertest.Start(t, db.Pool, reg, nil)
+	workertest.WaitFor(t, 30*time.Second, "apple reconciled", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM compute_dirty`) == 0
+	})
+	require.EqualValues(t, 1, runs.Load(), "51 marks of a waiting key, one reconcile")
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM seen WHERE sku = 'apple' AND qty = 50`))
+
+	// With the worker running: a committed write is reconciled.
+	db.MustExec(t, `INSERT INTO stock VALUES ('plum', 7)`)
+	workertest.WaitFor(t, 30*time.Second, "plum reconciled", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM seen WHERE sku = 'plum' AND qty = 7`) == 1
+	})
+}
+
+// TestBatchOfADeadHolderIsWorkedByRiver: a batch claimed by a process that died
+// before it committed (its job running under it) is handed back by the shard's
+// next holder and worked by River like any job: its keys are reconciled once,
+// and the job completes.
+func TestBatchOfADeadHolderIsWorkedByRiver(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(t, `UPDATE compute_settings SET shard_count = 1`) // every key in shard 0
+	db.MustExec(t, `CREATE TABLE done (key text)`)
+	for i := 0; i < 5; i++ {
+		dirty(t, db, "thing", fmt.Sprintf("k%d", i), 0)
+	}
+	// The dead holder: its lease (expired a moment ago) and its claim.
+	db.MustExec(t, `INSERT INTO compute_leases (name, owner, epoch, expires_at) VALUES ('shard/0', 'ghost#1', 4, compute_now() + interval '1 hour')`)
+	rows, err := db.Query(ctx, jobs.ClaimDirtySQL, 0, "shard/0", "ghost#1", int64(4), []string{"thing"}, []int{32}, 32, time.Now(), "shard_0")
+	require.NoError(t, err)
+	rows.Close()
+	require.NoError(t, rows.Err())
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'reconcile_batch' AND state = 'running'
+		AND attempted_by = '{ghost#1}' AND jsonb_array_length(args->'keys') = 5`))
+	require.Equal(t, 5, db.MustCount(t, `SELECT count(*) FROM compute_dirty WHERE job_id IS NOT NULL`))
+	db.MustExec(t, `UPDATE compute_leases SET expires_at = compute_now() - interval '1 second' WHERE name = 'shard/0'`)
+
+	reg := workers.NewRegistry()
+	require.NoError(t, workers.AddReconciler(reg, workers.Reconciler{Kind: "thing",
+		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO done VALUES ($1)`, key)
+			return workers.Result{}, err
+		}}))
+	workertest.Start(t, db.Pool, reg, &workers.Options{Shards: []int{0}})
+	workertest.WaitFor(t, 30*time.Second, "the dead holder's batch worked", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM compute_dirty`) == 0
+	})
+	require.Equal(t, 5, db.MustCount(t, `SELECT count(DISTINCT key) FROM done`))
+	require.Equal(t, 5, db.MustCount(t, `SELECT count(*) FROM done`), "each key once")
+	workertest.WaitFor(t, 10*time.Second, "the batch job completed", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'reconcile_batch' AND state = 'completed'
+			AND attempt = 2 AND errors[1]->>'error' LIKE '%handed back%'`) == 1
+	})
+}
+
+// TestCancelledFailingKeyWaitsForTheNextDirty: a key failing on its own job,
+// cancelled by an operator (River UI), is left alone until it is dirtied again;
+// then its shard's holder claims it.
+func TestCancelledFailingKeyWaitsForTheNextDirty(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	var broken atomic.Bool
+	broken.Store(true)
+	var runs atomic.Int64
+	reg := workers.NewRegistry()
+	require.NoError(t, workers.AddReconciler(reg, workers.Reconciler{Kind: "thing",
+		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
+			runs.Add(1)
+			if broken.Load() {
+				return workers.Result{}, errors.New("still broken")
+			}
+			return workers.Result{}, nil
+		}}))
+	workertest.Start(t, db.Pool, reg, nil)
+	dirty(t, db, "thing", "k", 0)
+	workertest.WaitFor(t, 30*time.Second, "the key has its own job", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM compute_dirty d JOIN river_job j ON j.id = d.job_id
+			WHERE j.kind = 'reconcile' AND j.state IN ('retryable', 'available', 'scheduled')`) == 1
+	})
+	db.MustExec(t, `UPDATE river_job SET state = 'cancelled', finalized_at = $1 WHERE kind = 'reconcile'`, time.Now())
+	before := runs.Load()
+	time.Sleep(500 * time.Millisecond)
+	require.Equal(t, before, runs.Load(), "a cancelled key is not claimed again by itself")
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_dirty`), "it stays dirty")
+
+	broken.Store(false)
+	dirty(t, db, "thing", "k", 0)
+	workertest.WaitFor(t, 30*time.Second, "reconciled after the next dirty", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM compute_dirty`) == 0
+	})
 }

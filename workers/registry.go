@@ -26,11 +26,11 @@ type Reconciler struct {
 	List func(ctx context.Context, db pg.DBTX, after string, limit int) ([]string, error)
 	// ResyncEvery overrides the configured resync interval for this reconciler.
 	ResyncEvery time.Duration
-	// Batch is how many keys of this reconciler one fenced transaction may
-	// reconcile: the job's own key, then up to Batch-1 more due keys of the same
-	// shard whose jobs wait, completed in the same commit. Default 32; 1 reconciles
-	// one key per transaction. If a batched key fails, the transaction is redone
-	// with the job's own key only, and the failing key retries on its own.
+	// Batch is how many due keys of this reconciler and one shard one fenced
+	// transaction may reconcile, claimed together and committed together.
+	// Default 32; 1 reconciles one key per transaction. If a key fails, the
+	// transaction is redone one key per transaction, and only the failing key
+	// leaves the batch, to retry as its own River job.
 	Batch int
 }
 
@@ -82,6 +82,7 @@ type Registry struct {
 func NewRegistry() *Registry {
 	r := &Registry{workers: river.NewWorkers(), reconcilers: map[string]*Reconciler{}, kinds: map[string]bool{}}
 	must(AddWorker(r, &reconcileWorker{reg: r}))
+	must(AddWorker(r, &batchWorker{reg: r}))
 	must(AddMaintenanceWorker(r, &resyncWorker{reg: r}))
 	return r
 }
@@ -251,6 +252,18 @@ func AddReconciler(r *Registry, rec Reconciler) error {
 	r.reconcilers[rec.Kind] = &rec
 	r.order = append(r.order, rec.Kind)
 	return nil
+}
+
+// claimKinds are the registered reconciler kinds with their batch sizes
+// (aligned), and the largest batch size: what a shard's claim takes.
+func (r *Registry) claimKinds() (kinds []string, sizes []int, limit int) {
+	for _, k := range r.order {
+		kinds = append(kinds, k)
+		b := r.reconcilers[k].batch()
+		sizes = append(sizes, b)
+		limit = max(limit, b)
+	}
+	return kinds, sizes, limit
 }
 
 // Reconcilers returns the registered reconciler kinds in registration order.

@@ -83,7 +83,9 @@ type Runtime struct {
 
 	mu        sync.Mutex
 	inFlight  map[string]map[int64]context.CancelCauseFunc // queue -> job id -> cancel
-	claimIdle sync.Map                                     // queue+reconciler -> time.Time: skip batch claims until
+	claiming  map[int]chan struct{}                        // shard -> its running claim loop's wake-up
+	claimStop chan struct{}                                // closed when Stop begins: claim loops stop claiming
+	claimWG   sync.WaitGroup                               // the claim loops
 	queueOps  chan queueOp
 	opsDone   chan struct{}
 	active    map[string]bool // queues added to River
@@ -202,14 +204,16 @@ func (o Options) withDefaults() Options {
 func newRuntime(o Options, count int) *Runtime {
 	rt := &Runtime{
 		o: o, pool: o.Pool, log: o.Log, shardCount: count, anchor: &clock.Anchor{},
-		metrics:  o.Metrics,
-		inFlight: map[string]map[int64]context.CancelCauseFunc{},
-		active:   map[string]bool{},
-		queueOps: make(chan queueOp, 4*len(o.Shards)+16),
-		opsDone:  make(chan struct{}),
-		done:     make(chan struct{}),
-		hardStop: make(chan struct{}),
-		owner:    insertOnlyID(),
+		metrics:   o.Metrics,
+		inFlight:  map[string]map[int64]context.CancelCauseFunc{},
+		active:    map[string]bool{},
+		claiming:  map[int]chan struct{}{},
+		claimStop: make(chan struct{}),
+		queueOps:  make(chan queueOp, 4*len(o.Shards)+16),
+		opsDone:   make(chan struct{}),
+		done:      make(chan struct{}),
+		hardStop:  make(chan struct{}),
+		owner:     insertOnlyID(),
 	}
 	if rt.metrics == nil {
 		rt.metrics = &Metrics{}
@@ -254,6 +258,10 @@ func (rt *Runtime) run(names []string) error {
 		return fault.Wrap(fault.Unavailable, err, "cannot start River")
 	}
 	go rt.queueLoop()
+	if len(rt.o.Registry.order) > 0 {
+		rt.claimWG.Add(1)
+		go rt.scoutLoop()
+	}
 	go rt.inc.Run(rt.runCtx, rt.halt, func(err error) {
 		rt.log.Debug().Err(err).Msg("heartbeat failed; retrying")
 	})
@@ -447,6 +455,9 @@ func (rt *Runtime) leaseChanged(l lease.Lease, acquired bool) {
 	if !acquired {
 		// Stop the shard's work now; its fenced transactions fail anyway.
 		rt.cancelQueue(queue, fault.New(fault.Fenced, "lease %s lost", l.Name))
+		rt.wakeClaimLoop(shard) // it sees the loss and ends
+	} else {
+		rt.startClaimLoop(shard)
 	}
 	rt.mu.Lock()
 	stopping := rt.stopping
@@ -457,6 +468,53 @@ func (rt *Runtime) leaseChanged(l lease.Lease, acquired bool) {
 	select {
 	case rt.queueOps <- queueOp{queue: queue, add: acquired}:
 	case <-rt.runCtx.Done():
+	}
+}
+
+// startClaimLoop starts shard's claim loop unless it runs or the runtime stops.
+func (rt *Runtime) startClaimLoop(shard int) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if _, running := rt.claiming[shard]; rt.stopping || running || len(rt.o.Registry.order) == 0 {
+		return
+	}
+	wake := make(chan struct{}, 1)
+	rt.claiming[shard] = wake
+	rt.claimWG.Add(1)
+	go rt.claimLoop(shard, wake)
+}
+
+// wakeClaimLoop wakes shard's claim loop if it waits.
+func (rt *Runtime) wakeClaimLoop(shard int) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if wake, ok := rt.claiming[shard]; ok {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// claimingShards are the shards whose claim loop runs.
+func (rt *Runtime) claimingShards() []int {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	out := make([]int, 0, len(rt.claiming))
+	for s := range rt.claiming {
+		out = append(out, s)
+	}
+	return out
+}
+
+// claimLoopDone marks shard's claim loop ended, and starts it again if the lease
+// came back meanwhile (its acquisition found the loop still running).
+func (rt *Runtime) claimLoopDone(shard int) {
+	rt.mu.Lock()
+	delete(rt.claiming, shard)
+	rt.mu.Unlock()
+	if _, ok := rt.keeper.Held(ShardLease(shard)); ok {
+		rt.startClaimLoop(shard)
 	}
 }
 
@@ -536,6 +594,17 @@ func (rt *Runtime) untrack(queue string, id int64) {
 	delete(rt.inFlight[queue], id)
 }
 
+// cancelAll cancels every job this process works.
+func (rt *Runtime) cancelAll(cause error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for _, m := range rt.inFlight {
+		for _, cancel := range m {
+			cancel(cause)
+		}
+	}
+}
+
 func (rt *Runtime) cancelQueue(queue string, cause error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
@@ -564,16 +633,31 @@ func (rt *Runtime) Stop(ctx context.Context) error {
 		grace = 0 // taken over: nothing this process does now can commit
 	}
 	rt.log.Info().Dur("grace", grace).Msg("worker stopping: finishing in-flight jobs")
+	close(rt.claimStop)
 	graceCtx, cancel := context.WithTimeout(ctx, grace)
 	// Fenced attempts waiting out a live attempt (waitOutLiveAttempt) stop
 	// waiting when the grace is over.
 	context.AfterFunc(graceCtx, func() { rt.hardStopOnce.Do(func() { close(rt.hardStop) }) })
+	claimsDone := make(chan struct{})
+	go func() { rt.claimWG.Wait(); close(claimsDone) }()
 	err := rt.client.Stop(graceCtx)
+	if err == nil {
+		select {
+		case <-claimsDone:
+		case <-graceCtx.Done():
+			err = graceCtx.Err()
+		}
+	}
 	cancel()
 	if err != nil {
 		rt.log.Warn().Msg("grace period over: cancelling in-flight jobs")
 		hardCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		rt.cancelAll(fault.New(fault.Unavailable, "the worker is stopping and its stop grace is over"))
 		_ = rt.client.StopAndCancel(hardCtx)
+		select {
+		case <-claimsDone:
+		case <-hardCtx.Done():
+		}
 		cancel()
 	}
 	// Whatever is still running under this process goes back to its queue.

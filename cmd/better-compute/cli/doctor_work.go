@@ -69,7 +69,7 @@ func (s *Session) doctorLeases(ctx context.Context, db *pg.Pool, r *report, now 
 		if _, held := holder[i]; !held {
 			unheld = append(unheld, fmt.Sprint(i))
 			if waiting[i] > 0 {
-				stuck = append(stuck, fmt.Sprintf("%d (%d jobs waiting)", i, waiting[i]))
+				stuck = append(stuck, fmt.Sprintf("%d (%d jobs or dirty keys waiting)", i, waiting[i]))
 			}
 		}
 	}
@@ -119,7 +119,8 @@ func shardHolders(ctx context.Context, db *pg.Pool, now time.Time) (map[int]stri
 	return holder, owners, err
 }
 
-// waitingByShard counts the available jobs of each shard's queue.
+// waitingByShard counts the work waiting for each shard's holder: available
+// jobs of its queue and due dirty keys not yet claimed.
 func waitingByShard(ctx context.Context, db *pg.Pool) (map[int]int, error) {
 	byQueue, err := jobs.CountWaitingInShardQueues(ctx, db)
 	waiting := map[int]int{}
