@@ -6,7 +6,9 @@
 // # The event log
 //
 // Append writes events (topic, key, JSON payload) in the caller's transaction
-// to compute_events; each row carries txid = pg_current_xact_id() and a seq.
+// to compute_events; each row carries txid = pg_current_xact_id() and a seq. It
+// is one statement: a single event is CALL compute_append_event (migration
+// outbox/0003_append), whose INSERT the server keeps planned per connection.
 // Commit order is not seq order, so every reader (Read: sinks, the SSE stream)
 // uses seed 000's rule
 //

@@ -73,7 +73,12 @@ func (m Message) validate() error {
 	return nil
 }
 
-const appendOneSQL = `INSERT INTO compute_events (topic, key, payload) VALUES ($1, $2, $3::text::jsonb)`
+// appendOneSQL writes one event through compute_append_event (migration
+// outbox/0003_append): the server keeps that procedure's INSERT planned, where
+// an INSERT sent as an unnamed statement (the only kind the pool sends) is
+// parsed, rewritten and planned again at every call. $3 is the payload's JSON
+// text, which the procedure's jsonb parameter parses.
+const appendOneSQL = `CALL compute_append_event($1, $2, $3)`
 
 const appendManySQL = `INSERT INTO compute_events (topic, key, payload)
 SELECT t, k, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS m(t, k, p, i) ORDER BY i`
