@@ -16,11 +16,21 @@ import (
 
 // Defaults of a Backfill's options.
 const (
+	// DefaultBatchSize is the default BatchSize, and the size of a run's first
+	// batch when BatchSize is larger.
 	DefaultBatchSize     = 1000
+	DefaultBatchTime     = 100 * time.Millisecond
 	DefaultEstimateEvery = 10 * time.Second
 	// MaxBatchSize bounds BatchSize: a batch is one transaction.
 	MaxBatchSize = 100_000
 )
+
+// DrainFor is how long one batch job keeps taking batches while they come back
+// full, each in its own transaction, before it hands the backfill on to a new
+// job: River fetches a queue once per poll interval, so this is what lets a
+// backfill run faster than one batch per poll. It is at most half the job's
+// timeout.
+const DrainFor = time.Second
 
 // Backfill is a backfill an application registers: a name and a batch function,
 // with options that keep it gentle with the live system.
@@ -47,8 +57,18 @@ type Backfill struct {
 	// the planner's estimate).
 	Estimate func(ctx context.Context, db pg.DBTX) (rowsLeft int64, err error)
 
-	// BatchSize is the most rows one batch handles; default 1000.
+	// BatchSize is the most rows one batch handles (1 to MaxBatchSize; default
+	// 1000). Batches are sized by time up to it (see BatchTime); a run's first
+	// batch asks for min(BatchSize, DefaultBatchSize) rows.
 	BatchSize int
+	// BatchTime is how long a batch should take; default 100 ms. After each
+	// batch the next one asks for size × BatchTime / took rows, at least half
+	// and at most twice the size, between 1 and BatchSize (and, with
+	// MaxRowsPerSecond, at most MaxRowsPerSecond × BatchTime): short
+	// transactions that hold their rows briefly, as many rows as that allows.
+	BatchTime time.Duration
+	// FixedBatchSize turns the sizing off: every batch asks for BatchSize rows.
+	FixedBatchSize bool
 	// Pause is the least time between the end of a batch and the start of the
 	// next; default 0 (the worker's poll interval still separates them).
 	Pause time.Duration
@@ -59,12 +79,18 @@ type Backfill struct {
 	EstimateEvery time.Duration
 	// Timeout bounds one batch job; default the worker's job timeout (1 min).
 	Timeout time.Duration
+
+	// drain, for tests, replaces DrainFor (0: DrainFor).
+	drain time.Duration
 }
 
 // withDefaults returns b with its zero options defaulted.
 func (b Backfill) withDefaults() Backfill {
 	if b.BatchSize == 0 {
 		b.BatchSize = DefaultBatchSize
+	}
+	if b.BatchTime == 0 {
+		b.BatchTime = DefaultBatchTime
 	}
 	if b.EstimateEvery == 0 {
 		b.EstimateEvery = DefaultEstimateEvery
@@ -82,6 +108,8 @@ func (b Backfill) Validate() error {
 		return fault.New(fault.InvalidConfig, "backfill %s has no Batch function", b.Name)
 	case b.BatchSize < 0 || b.BatchSize > MaxBatchSize:
 		return fault.New(fault.InvalidConfig, "backfill %s: BatchSize %d is out of range (1 to %d, 0 for %d)", b.Name, b.BatchSize, MaxBatchSize, DefaultBatchSize)
+	case b.BatchTime < 0:
+		return fault.New(fault.InvalidConfig, "backfill %s: BatchTime %s is negative", b.Name, b.BatchTime)
 	case b.Pause < 0:
 		return fault.New(fault.InvalidConfig, "backfill %s: Pause %s is negative", b.Name, b.Pause)
 	case b.MaxRowsPerSecond < 0:
@@ -104,6 +132,48 @@ func (b Backfill) Delay(rows int, took time.Duration) time.Duration {
 		}
 	}
 	return d
+}
+
+// maxBatch is the most rows a batch of b asks for: BatchSize, and with sizing
+// by time and a rate limit, no more than MaxRowsPerSecond × BatchTime (at least
+// 1), so that the limit spreads small batches rather than waiting out big ones.
+func (b Backfill) maxBatch() int {
+	hi := b.BatchSize
+	if !b.FixedBatchSize && b.MaxRowsPerSecond > 0 {
+		hi = min(hi, max(1, int(b.MaxRowsPerSecond*b.BatchTime.Seconds())))
+	}
+	return hi
+}
+
+// batchSize is the size the next batch asks for, given the size the last
+// committed batch of the run chose (nil: none yet).
+func (b Backfill) batchSize(chosen *int32) int {
+	hi := b.maxBatch()
+	switch {
+	case b.FixedBatchSize:
+		return b.BatchSize
+	case chosen == nil:
+		return min(hi, DefaultBatchSize)
+	}
+	return min(max(int(*chosen), 1), hi)
+}
+
+// NextBatchSize is the size of the batch after one that asked for cur rows and
+// took took, aiming at target per batch: cur × target / took, at least cur/2
+// and at most 2 × cur, and between 1 and hi (the chunk-time rule of gh-ost and
+// pt-online-schema-change). A batch can grow only by doubling, so one fast
+// outlier does not make the next batch huge, and shrink only by halving, so
+// one stall does not make it tiny.
+func NextBatchSize(cur int, took, target time.Duration, hi int) int {
+	cur = max(cur, 1)
+	next := 2 * cur
+	if took > 0 {
+		ideal := float64(cur) * float64(target) / float64(took)
+		if ideal < float64(next) {
+			next = max(int(ideal), cur/2)
+		}
+	}
+	return min(max(next, 1), max(hi, 1))
 }
 
 // Kind is the River job kind of b's batches: backfill_<name>.

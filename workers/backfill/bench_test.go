@@ -1,6 +1,7 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -28,22 +29,34 @@ func benchRows() int {
 	return 1_000_000
 }
 
-// BenchmarkBackfillMillion fills a column on 1,000,000 rows with a backfill in
-// batches of 1,000 (River jobs on a worker runtime serving every shard, with the
-// runtime's poll interval as named), and the same column on an identical table
-// with one UPDATE of every row, in the same run; it reports both rates and their
-// ratio. A writer updates one random row every 2 ms, on the idle table first,
-// then during the backfill, then during the single UPDATE: it reports the
-// latencies of that write and the ratios against the idle table.
+// BenchmarkBackfillMillion fills a column on 1,000,000 rows with a backfill
+// (River jobs on a worker runtime serving every shard, at the default 100 ms
+// poll interval, each job draining batches while they come back full), and
+// the same column on an identical table with one UPDATE of every row, in the
+// same run; it reports both rates and their ratio. Two sub-benchmarks: the
+// default options (batches of at most 1,000 rows, sized for 100 ms) and
+// BatchSize 100,000 (batches sized by time alone). It reports the batch sizes
+// the sizing chose, how many batches and jobs ran, the mean time of a batch's
+// UPDATE and of the rest of its transaction (the gap between two batches, poll
+// waits excluded), and the time the backfill waited for River to fetch its
+// next job. A writer updates one random row every 2 ms, on the idle table
+// first, then during the backfill, then during the single UPDATE: it reports
+// the latencies of that write and the ratios against the idle table.
 //
 //	go test -run '^$' -bench BackfillMillion -benchtime 1x -timeout 60m ./workers/backfill/
 func BenchmarkBackfillMillion(b *testing.B) {
-	for _, poll := range []time.Duration{100 * time.Millisecond, 20 * time.Millisecond} {
-		b.Run("poll="+poll.String(), func(b *testing.B) { benchMillion(b, poll) })
+	for _, max := range []int{DefaultBatchSize, MaxBatchSize} {
+		b.Run("max="+strconv.Itoa(max), func(b *testing.B) { benchMillion(b, max) })
 	}
 }
 
-func benchMillion(b *testing.B, poll time.Duration) {
+// benchBatch is one batch of the benchmark's backfill.
+type benchBatch struct {
+	asked, rows int
+	began, end  time.Time
+}
+
+func benchMillion(b *testing.B, maxSize int) {
 	b.StopTimer() // the timer covers the backfills only
 	ctx := context.Background()
 	rows := benchRows()
@@ -56,6 +69,8 @@ func benchMillion(b *testing.B, poll time.Duration) {
 
 	var fillSec, updateSec float64
 	var idle, during, duringUpdate []time.Duration
+	var batches []benchBatch
+	var jobCount int
 	for i := 0; i < b.N; i++ {
 		bf, upd := fmt.Sprintf("bench_bf_%d", i), fmt.Sprintf("bench_upd_%d", i)
 		b.StopTimer()
@@ -65,14 +80,20 @@ func benchMillion(b *testing.B, poll time.Duration) {
 			db.MustExec(b, fmt.Sprintf(`CREATE INDEX %[1]s_unfilled ON %[1]s (id) WHERE filled IS NULL`, table))
 			db.MustExec(b, fmt.Sprintf(`VACUUM ANALYZE %s`, table))
 		}
+		var mu sync.Mutex
+		var run []benchBatch
 		bk := Backfill{
 			Name:      "bench_fill_" + strconv.Itoa(i),
-			BatchSize: 1000,
+			BatchSize: maxSize,
 			Batch: func(ctx context.Context, tx pgx.Tx, n int) (int, error) {
+				began := time.Now()
 				tag, err := tx.Exec(ctx, fmt.Sprintf(`
 UPDATE %[1]s SET filled = v * 2
 WHERE id = ANY (ARRAY(SELECT id FROM %[1]s WHERE filled IS NULL ORDER BY id LIMIT $1 FOR UPDATE))
   AND filled IS NULL`, bf), n)
+				mu.Lock()
+				run = append(run, benchBatch{asked: n, rows: int(tag.RowsAffected()), began: began, end: time.Now()})
+				mu.Unlock()
 				return int(tag.RowsAffected()), err
 			},
 		}
@@ -80,7 +101,7 @@ WHERE id = ANY (ARRAY(SELECT id FROM %[1]s WHERE filled IS NULL ORDER BY id LIMI
 		if err := Add(reg, bk); err != nil {
 			b.Fatal(err)
 		}
-		rt := workertest.Start(b, db.Pool, reg, &workers.Options{PollInterval: poll, WorkersPerShard: 8})
+		rt := workertest.Start(b, db.Pool, reg, &workers.Options{PollInterval: 100 * time.Millisecond, WorkersPerShard: 8})
 		workertest.WaitFor(b, time.Minute, "every shard leased", func() bool { return len(rt.HeldShards()) == pgtest.DefaultShardCount })
 
 		idle = append(idle, writeLoop(ctx, b, writerPool, bf, rows, func(n int) bool { return n >= 3000 })...)
@@ -125,6 +146,10 @@ WHERE id = ANY (ARRAY(SELECT id FROM %[1]s WHERE filled IS NULL ORDER BY id LIMI
 		wg.Wait()
 		during = append(during, lat...)
 		_ = rt.Stop(ctx)
+		mu.Lock()
+		batches = append(batches, run...)
+		mu.Unlock()
+		jobCount += db.MustCount(b, `SELECT count(*) FROM river_job WHERE kind = $1`, bk.Kind())
 
 		// The single UPDATE of every row, with the writer beside it.
 		stop = make(chan struct{})
@@ -161,7 +186,7 @@ WHERE id = ANY (ARRAY(SELECT id FROM %[1]s WHERE filled IS NULL ORDER BY id LIMI
 	updateRate := float64(rows*b.N) / updateSec
 	b.ReportMetric(fillRate, "backfill_rows/s")
 	b.ReportMetric(updateRate, "update_rows/s")
-	b.ReportMetric(updateRate/fillRate, "update/backfill")
+	b.ReportMetric(fillRate/updateRate, "backfill/update")
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	for _, q := range []struct {
 		name string
@@ -175,6 +200,39 @@ WHERE id = ANY (ARRAY(SELECT id FROM %[1]s WHERE filled IS NULL ORDER BY id LIMI
 	}
 	b.ReportMetric(float64(len(during)), "writes_during_backfill")
 	b.ReportMetric(float64(len(duringUpdate)), "writes_during_update")
+
+	// The batches: the sizes asked for (the last, empty one aside), the time in
+	// the UPDATE, and the gaps between one batch's UPDATE and the next: the rest
+	// of a batch's transaction and the next one's start when the same job drains
+	// on (under 50 ms), or River's poll when a new job takes over.
+	var sizes []int
+	var inUpdate, inGap, inPoll time.Duration
+	var gaps, polls int
+	for j, bb := range batches {
+		if bb.rows > 0 {
+			sizes = append(sizes, bb.asked)
+		}
+		inUpdate += bb.end.Sub(bb.began)
+		if j > 0 && batches[j-1].end.Before(bb.began) {
+			if g := bb.began.Sub(batches[j-1].end); g < 50*time.Millisecond {
+				inGap, gaps = inGap+g, gaps+1
+			} else {
+				inPoll, polls = inPoll+g, polls+1
+			}
+		}
+	}
+	b.ReportMetric(float64(quantile(sizes, 0)), "batch_size_min")
+	b.ReportMetric(float64(quantile(sizes, 0.5)), "batch_size_p50")
+	b.ReportMetric(float64(quantile(sizes, 1)), "batch_size_max")
+	b.ReportMetric(float64(len(batches))/float64(b.N), "batches")
+	b.ReportMetric(float64(jobCount)/float64(b.N), "jobs")
+	b.ReportMetric(ms(inUpdate)/float64(len(batches)), "batch_update_ms")
+	b.ReportMetric(float64(rows*b.N)/inUpdate.Seconds(), "batch_sql_rows/s") // the batches' UPDATEs alone
+	if gaps > 0 {
+		b.ReportMetric(ms(inGap)/float64(gaps), "batch_gap_ms")
+	}
+	b.ReportMetric(inPoll.Seconds()/float64(b.N), "poll_wait_s")
+	b.ReportMetric(float64(polls)/float64(b.N), "poll_waits")
 }
 
 // writeLoop updates one random row of table every 2 ms (each its own
@@ -195,10 +253,11 @@ func writeLoop(ctx context.Context, b *testing.B, db *pg.Pool, table string, row
 	return out
 }
 
-// quantile is the q-quantile of ds (q = 1: the largest).
-func quantile(ds []time.Duration, q float64) time.Duration {
+// quantile is the q-quantile of ds (q = 0: the smallest, 1: the largest).
+func quantile[T cmp.Ordered](ds []T, q float64) T {
 	if len(ds) == 0 {
-		return 0
+		var zero T
+		return zero
 	}
 	s := slices.Clone(ds)
 	slices.Sort(s)

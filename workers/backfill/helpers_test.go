@@ -53,15 +53,17 @@ func makeTable(t testing.TB, db *pgtest.DB, table string, n int) {
 type hook func(ctx context.Context, call int) error
 
 // fillBackfill is a backfill that sets filled = v * 2 on up to batchSize
-// unfilled rows of table, logging each handled row (in the batch's
+// unfilled rows of table, in batches of a fixed size (BatchSize, 100; tests of
+// the sizing by time turn FixedBatchSize off), logging each handled row (in the batch's
 // transaction, so a rolled-back batch logs nothing) with the transaction id and
 // the runtime that ran it. after, if not nil, runs after the update, inside the
 // transaction.
 func fillBackfill(name, table string, before hook, after func(ctx context.Context, tx pgx.Tx) error) Backfill {
 	var calls atomic.Int64
 	return Backfill{
-		Name:      name,
-		BatchSize: 100,
+		Name:           name,
+		BatchSize:      100,
+		FixedBatchSize: true,
 		Batch: func(ctx context.Context, tx pgx.Tx, batchSize int) (int, error) {
 			call := int(calls.Add(1))
 			if before != nil {

@@ -45,8 +45,12 @@ type Progress struct {
 	// Rate is rows per second, smoothed over the last batches.
 	Rate   *float64   `db:"rate"`
 	RateAt *time.Time `db:"rate_at"`
-	// JobID is the batch job that carries the run on.
+	// JobID is the batch job that carries the run on: the one running its
+	// batches, or the one that will run the next.
 	JobID *int64 `db:"job_id"`
+	// BatchSize is the rows the next batch asks for, as the sizing by time chose
+	// it after the last batch (nil before the run's first batch).
+	BatchSize *int32 `db:"batch_size"`
 	// Errors counts the run's failed batch attempts; LastError is the last one's.
 	Errors      int64      `db:"errors"`
 	LastError   *string    `db:"last_error"`
@@ -102,10 +106,17 @@ func (p *Progress) ETA() (time.Duration, bool) {
 	return time.Duration(float64(left) / *p.Rate * float64(time.Second)), true
 }
 
+// progressSQL is jobs.BackfillProgressSQL with where (on b, compute_backfills)
+// appended, and the backfill's batch size added.
+func progressSQL(where string) string {
+	return `SELECT p.*, (SELECT s.batch_size FROM compute_backfills s WHERE s.name = p.name) AS batch_size
+FROM (` + jobs.BackfillProgressSQL + where + `) p`
+}
+
 // Get returns the progress of the backfill name: NOT_FOUND if it was never
 // started.
 func Get(ctx context.Context, db pg.DBTX, name string) (*Progress, error) {
-	rows, err := db.Query(ctx, jobs.BackfillProgressSQL+` WHERE b.name = $1`, name)
+	rows, err := db.Query(ctx, progressSQL(` WHERE b.name = $1`), name)
 	if err != nil {
 		return nil, pg.Translate(fmt.Errorf("error reading backfill %s: %w", name, err))
 	}
@@ -121,7 +132,7 @@ func Get(ctx context.Context, db pg.DBTX, name string) (*Progress, error) {
 
 // List returns the progress of every backfill that was ever started, by name.
 func List(ctx context.Context, db pg.DBTX) ([]*Progress, error) {
-	rows, err := db.Query(ctx, jobs.BackfillProgressSQL+` ORDER BY b.name`)
+	rows, err := db.Query(ctx, progressSQL(``)+` ORDER BY p.name`)
 	if err != nil {
 		return nil, pg.Translate(fmt.Errorf("error listing backfills: %w", err))
 	}
@@ -132,10 +143,32 @@ func List(ctx context.Context, db pg.DBTX) ([]*Progress, error) {
 	return out, nil
 }
 
+// advisoryKey is the first key of every backfill's transaction-level advisory
+// lock, pg_advisory_xact_lock(advisoryKey, hashtext(name)) ("bfll"; the
+// migrator's is 1650683248).
+const advisoryKey = 0x62666c6c
+
+// advisoryLockSQL takes the advisory lock of the backfill named $1 for the
+// transaction: shared (a batch) or exclusive (an operator's verb). PostgreSQL
+// queues a request behind a waiting one that it conflicts with, so a batch
+// started while a verb waits runs after the verb.
+func advisoryLockSQL(shared bool) string {
+	f := "pg_advisory_xact_lock"
+	if shared {
+		f += "_shared"
+	}
+	return fmt.Sprintf("SELECT %s(%d, hashtext($1))", f, advisoryKey)
+}
+
 // lockRow locks the backfill's row FOR UPDATE and returns its state, epoch and
 // job. With create, a missing row is created (pending) first; without, a missing
 // row is NOT_FOUND.
 func lockRow(ctx context.Context, tx pgx.Tx, name string, create bool) (*Progress, error) {
+	// The advisory lock first: it waits for the batch in flight (which holds it
+	// shared), and the drain's next batch waits behind it.
+	if _, err := tx.Exec(ctx, advisoryLockSQL(false), name); err != nil {
+		return nil, pg.Translate(fmt.Errorf("error locking backfill %s: %w", name, err))
+	}
 	if create {
 		if _, err := tx.Exec(ctx, `INSERT INTO compute_backfills (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`, name); err != nil {
 			return nil, pg.Translate(fmt.Errorf("error creating backfill %s: %w", name, err))
@@ -192,7 +225,7 @@ UPDATE compute_backfills SET
     state = 'running', epoch = $2, batches = 0, rows_done = 0,
     last_batch_at = NULL, last_batch_rows = NULL, last_batch_ms = NULL,
     rows_estimate = $3, estimated_at = CASE WHEN $3::bigint IS NULL THEN NULL ELSE compute_now() END,
-    rate = NULL, rate_at = compute_now(), job_id = $4,
+    rate = NULL, rate_at = compute_now(), job_id = $4, batch_size = NULL,
     errors = 0, last_error = NULL, last_error_at = NULL,
     started_at = compute_now(), finished_at = NULL, updated_at = compute_now()
 WHERE name = $1`, b.Name, epoch, estimate, jobID)

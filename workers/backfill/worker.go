@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
@@ -29,63 +31,216 @@ func (w *worker) Timeout(*river.Job[jobs.Backfill]) time.Duration { return w.b.T
 // maxErrorLen is how much of a batch error last_error keeps.
 const maxErrorLen = 1000
 
-// Work runs one batch: see the package doc.
+// Work runs the backfill's batches, each in its own fenced transaction, for as
+// long as they come back full and the drain lasts: see the package doc.
 func (w *worker) Work(ctx context.Context, job *river.Job[jobs.Backfill]) error {
 	args := job.Args
 	if args.Name != w.b.Name {
 		return fault.New(fault.InvalidArgument, "job %d of kind %s names backfill %q", job.ID, job.Kind, args.Name)
 	}
-	err := workers.InTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
-		return w.batchTx(ctx, tx, job)
-	})
-	if err != nil && !fault.Has(err, fault.Fenced) && !fault.Has(context.Cause(ctx), fault.Fenced) &&
-		!errors.Is(ctx.Err(), context.Canceled) {
-		w.recordError(ctx, job, err)
+	began := time.Now()
+	deadline := began.Add(w.drainFor(ctx))
+	var (
+		ran, rows int64
+		size      int
+		forceLast bool
+	)
+	if rt := workers.RuntimeFrom(ctx); rt == nil {
+		forceLast = true // InTx says what is wrong
+	} else if _, ok := rt.LeaseForQueue(job.Queue); !ok {
+		forceLast = true // InTx fences it, or says it is not in a shard queue
 	}
-	return err
+	for {
+		// The last batch the drain has time for runs in workers.InTx, which
+		// completes the job in the batch's transaction; the ones before it leave
+		// the job running, as the one that carries the backfill on.
+		last := forceLast || !time.Now().Add(w.b.Pause).Before(deadline)
+		var out outcome
+		fn := func(ctx context.Context, tx pgx.Tx) error {
+			out = outcome{}
+			return w.batchTx(ctx, tx, job, last, deadline, &out)
+		}
+		var err error
+		if last {
+			err = workers.InTx(ctx, job, fn)
+		} else {
+			err = w.inFencedTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
+				if err := fn(ctx, tx); err != nil {
+					return err
+				}
+				if out.carry {
+					return nil
+				}
+				// The batch handed the backfill on (to done or a new job), or the
+				// row does not name this job: the job completes with it.
+				return completeTx(ctx, tx, job)
+			})
+			if err != nil && pg.Disconnected(err) && ctx.Err() == nil {
+				// InTx retries a lost connection while the lease holds; the row
+				// says whether the batch committed, so running it through InTx
+				// again is safe.
+				forceLast = true
+				continue
+			}
+		}
+		if err != nil {
+			if !fault.Has(err, fault.Fenced) && !fault.Has(context.Cause(ctx), fault.Fenced) &&
+				!errors.Is(ctx.Err(), context.Canceled) {
+				w.recordError(ctx, job, err)
+			}
+			return err
+		}
+		if out.ran {
+			ran, rows, size = ran+1, rows+int64(out.rows), out.next
+		}
+		if last || !out.carry {
+			if rt := workers.RuntimeFrom(ctx); rt != nil && ran > 0 {
+				log := rt.Log()
+				log.Debug().Str("backfill", args.Name).Int64("job_id", job.ID).Int64("batches", ran).
+					Int64("rows", rows).Int("next_batch_size", size).Dur("took", time.Since(began)).
+					Msg("backfill job drained")
+			}
+			return nil
+		}
+		if out.wait > 0 {
+			t := time.NewTimer(out.wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				// The job stays running and named in the row: River's retry, or
+				// the shard's next holder, carries the backfill on.
+				return context.Cause(ctx)
+			case <-t.C:
+			}
+		}
+	}
 }
 
-// batchTx is the batch inside the fenced job transaction.
-func (w *worker) batchTx(ctx context.Context, tx pgx.Tx, job *river.Job[jobs.Backfill]) error {
+// drainFor is how long this job may keep taking batches: DrainFor, at most
+// half of what is left of the job's timeout.
+func (w *worker) drainFor(ctx context.Context) time.Duration {
+	d := DrainFor
+	if w.b.drain != 0 {
+		d = w.b.drain
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)/2)
+	}
+	return d
+}
+
+// inFencedTx runs fn in a transaction fenced as workers.InTx fences it (the
+// shard lease FOR KEY SHARE, the job's attempt FOR UPDATE), leaving it to fn
+// to complete the job or not: a batch of the drain that may not be its last.
+func (w *worker) inFencedTx(ctx context.Context, job *river.Job[jobs.Backfill], fn func(ctx context.Context, tx pgx.Tx) error) error {
+	rt := workers.RuntimeFrom(ctx)
+	if rt == nil {
+		return fault.New(fault.Internal, "backfill %s: no Runtime in the job's context", w.b.Name)
+	}
+	l, ok := rt.LeaseForQueue(job.Queue)
+	if !ok {
+		return fault.New(fault.Fenced, "job %d: this process holds no lease for queue %s", job.ID, job.Queue)
+	}
+	return pg.InTx(ctx, rt.Pool(), func(ctx context.Context, tx pgx.Tx) error {
+		if err := workers.FenceTx(ctx, tx, l, job.JobRow); err != nil {
+			return err
+		}
+		return fn(ctx, tx)
+	})
+}
+
+// completeTx completes job in tx, as workers.InTx does: FENCED unless the job
+// was still running this attempt (the fence's lock makes sure it is).
+func completeTx(ctx context.Context, tx pgx.Tx, job *river.Job[jobs.Backfill]) error {
+	done, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job)
+	if err != nil {
+		return fmt.Errorf("error completing job %d: %w", job.ID, err)
+	}
+	if done.State != rivertype.JobStateCompleted {
+		return fault.New(fault.Fenced, "job %d: completion found it %s, not running", job.ID, done.State)
+	}
+	return nil
+}
+
+// outcome is what one batch transaction did.
+type outcome struct {
+	ran   bool          // a batch ran and committed its progress
+	rows  int           // the rows it handled
+	next  int           // the size the next batch asks for
+	carry bool          // this job still carries the backfill on: run the next batch
+	wait  time.Duration // after this long (Pause, MaxRowsPerSecond)
+}
+
+// batchTx is one batch inside a fenced transaction of the job. last says the
+// transaction completes the job (workers.InTx): then the batch always hands
+// the backfill on, to a new job or to done. Otherwise, while the batch comes
+// back full and the next one can start before deadline, the job keeps the
+// backfill (the row names it) and out.carry asks for the next batch.
+func (w *worker) batchTx(ctx context.Context, tx pgx.Tx, job *river.Job[jobs.Backfill], last bool, deadline time.Time, out *outcome) error {
 	args := job.Args
-	// Decide before writing: lock the row only if it is running this job's epoch
-	// and batch. The guard is in the WHERE clause, so a stale job (the backfill
-	// was paused, cancelled or resumed, or another job committed this batch)
-	// finds no row without waiting for the lock; one that waited re-checks the
-	// guard on the row the other transaction committed.
+	// Decide before writing: lock the row only if it is running this job's
+	// epoch and names this job as the one that carries it on. The guard is in
+	// the WHERE clause, so a stale job (the backfill was paused, cancelled or
+	// resumed, another job carries it on, or it is a duplicate) finds no row
+	// without waiting for the lock; one that waited re-checks the guard on the
+	// row the other transaction committed.
 	var (
+		batch       int64
 		estimatedAt *time.Time
+		chosen      *int32
 		now         time.Time
 	)
-	err := tx.QueryRow(ctx, `
-SELECT estimated_at, compute_now() FROM compute_backfills
-WHERE name = $1 AND state = 'running' AND epoch = $2 AND batches = $3
-FOR UPDATE`, args.Name, args.Epoch, args.Batch).Scan(&estimatedAt, &now)
+	// First the backfill's advisory lock, shared: an operator's verb takes it
+	// exclusive (lockRow), and a request queues behind a waiting one, so the
+	// drain's next batch cannot slip in ahead of a pause waiting for this one
+	// (a row lock makes no such promise once the row has a new version). Both
+	// statements go in one round trip.
+	var pb pgx.Batch
+	pb.Queue(advisoryLockSQL(true), args.Name)
+	pb.Queue(`
+SELECT batches, estimated_at, batch_size, compute_now() FROM compute_backfills
+WHERE name = $1 AND state = 'running' AND epoch = $2 AND job_id = $3
+FOR UPDATE`, args.Name, args.Epoch, job.ID)
+	res := tx.SendBatch(ctx, &pb)
+	_, err := res.Exec()
+	if err == nil {
+		err = res.QueryRow().Scan(&batch, &estimatedAt, &chosen, &now)
+	}
+	if cerr := res.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		if rt := workers.RuntimeFrom(ctx); rt != nil {
 			log := rt.Log()
 			log.Debug().Str("backfill", args.Name).Int64("job_id", job.ID).Int64("epoch", args.Epoch).
-				Int64("batch", args.Batch).Msg("stale backfill job: completed without a batch")
+				Int64("batch", args.Batch).Msg("stale backfill job: the backfill does not run it (any more); completed without a batch")
 		}
-		return nil // InTx completes the job
+		return nil // the job completes
 	}
 	if err != nil {
 		return pg.Translate(fmt.Errorf("error locking backfill %s: %w", args.Name, err))
 	}
 
+	size := w.b.batchSize(chosen)
 	start := time.Now()
-	n, err := w.b.Batch(ctx, tx, w.b.BatchSize)
+	n, err := w.b.Batch(ctx, tx, size)
 	took := time.Since(start)
 	if err != nil {
-		return fmt.Errorf("backfill %s batch %d: %w", args.Name, args.Batch, err)
+		return fmt.Errorf("backfill %s batch %d: %w", args.Name, batch, err)
 	}
 	if n < 0 {
-		return fault.New(fault.Internal, "backfill %s batch %d: the batch function returned %d rows", args.Name, args.Batch, n)
+		return fault.New(fault.Internal, "backfill %s batch %d: the batch function returned %d rows", args.Name, batch, n)
+	}
+	next := size
+	if !w.b.FixedBatchSize && n > 0 {
+		next = NextBatchSize(size, took, w.b.BatchTime, w.b.maxBatch())
 	}
 
 	var (
 		estimate *int64
 		nextJob  *int64
+		carry    bool
+		delay    time.Duration
 	)
 	if n > 0 {
 		if w.b.Estimate != nil && (estimatedAt == nil || now.Sub(*estimatedAt) >= w.b.EstimateEvery) {
@@ -95,12 +250,19 @@ FOR UPDATE`, args.Name, args.Epoch, args.Batch).Scan(&estimatedAt, &now)
 			}
 			estimate = &left
 		}
-		next := jobs.Backfill{Name: args.Name, Epoch: args.Epoch, Batch: args.Batch + 1}
-		id, err := insertJobTx(ctx, tx, next, w.b.Delay(n, took))
-		if err != nil {
-			return err
+		delay = w.b.Delay(n, took)
+		carry = !last && n >= size && ctx.Err() == nil && time.Now().Add(delay).Before(deadline)
+		if carry {
+			id := job.ID
+			nextJob = &id
+		} else {
+			next := jobs.Backfill{Name: args.Name, Epoch: args.Epoch, Batch: batch + 1}
+			id, err := insertJobTx(ctx, tx, next, delay)
+			if err != nil {
+				return err
+			}
+			nextJob = &id
 		}
-		nextJob = &id
 	}
 	tag, err := tx.Exec(ctx, `
 UPDATE compute_backfills SET
@@ -119,22 +281,24 @@ UPDATE compute_backfills SET
                          ELSE rows_done + $4 + $6 END,
     estimated_at = CASE WHEN $4 = 0 OR $6::bigint IS NOT NULL THEN compute_now() ELSE estimated_at END,
     job_id = $7,
+    batch_size = $9,
     state = CASE WHEN $4 = 0 THEN 'done' ELSE state END,
     finished_at = CASE WHEN $4 = 0 THEN compute_now() ELSE finished_at END,
     updated_at = compute_now()
-WHERE name = $1 AND epoch = $2 AND batches = $3 AND state = 'running'`,
-		args.Name, args.Epoch, args.Batch, n, took.Milliseconds(), estimate, nextJob)
+WHERE name = $1 AND epoch = $2 AND batches = $3 AND job_id = $8 AND state = 'running'`,
+		args.Name, args.Epoch, batch, n, took.Milliseconds(), estimate, nextJob, job.ID, next)
 	if err != nil {
-		return pg.Translate(fmt.Errorf("error recording backfill %s batch %d: %w", args.Name, args.Batch, err))
+		return pg.Translate(fmt.Errorf("error recording backfill %s batch %d: %w", args.Name, batch, err))
 	}
 	if tag.RowsAffected() != 1 {
 		// Unreachable while the row lock above holds; the guard says so anyway.
-		return fault.New(fault.Fenced, "backfill %s batch %d: the progress row moved", args.Name, args.Batch)
+		return fault.New(fault.Fenced, "backfill %s batch %d: the progress row moved", args.Name, batch)
 	}
+	*out = outcome{ran: true, rows: n, next: next, carry: carry, wait: delay}
 	if n == 0 {
 		if rt := workers.RuntimeFrom(ctx); rt != nil {
 			log := rt.Log()
-			log.Info().Str("backfill", args.Name).Int64("batches", args.Batch+1).Msg("backfill done: a batch found no rows")
+			log.Info().Str("backfill", args.Name).Int64("batches", batch+1).Msg("backfill done: a batch found no rows")
 		}
 	}
 	return nil
