@@ -1,0 +1,70 @@
+package main
+
+// Row is one line of the report: a benchmark's figure of ours, the peer it ran
+// beside, their ratio and its target. Units are the units the benchmark passes
+// to b.ReportMetric ("ns/op" for the time per iteration).
+type Row struct {
+	// Bench is a regexp on the benchmark's name without "Benchmark" and without
+	// the -GOMAXPROCS suffix, matched whole ("Throughput", "Reserve/devices=20").
+	// Without a "/" it also matches the benchmark's sub-benchmarks, one line of
+	// the report each.
+	Bench string
+	// Pkg, if set, is the benchmark's package: its import path or the end of it
+	// after a "/" ("workers", "domain/outbox").
+	Pkg string
+	// What says what is measured, and what the ratio divides.
+	What string
+	// Ours is the unit of our figure.
+	Ours string
+	// Peer says what ran beside it; PeerUnit, if set, is the unit of the peer's
+	// figure, reported by the same benchmark, or by PeerBench (a name like
+	// Bench's, literal, in the same package) when the peer is a benchmark of its
+	// own.
+	Peer, PeerUnit, PeerBench string
+	// Ratio is the unit of the ratio the benchmark reports; when it is empty
+	// or missing from the output, the ratio is Ours ÷ PeerUnit.
+	Ratio string
+	// Target is ">= x", "<= x", "> x" or "< x" on the ratio, or on our figure
+	// when the row has no ratio; empty for none.
+	Target string
+}
+
+// rows is the report, in order. One line a row: when a benchmark renames a
+// metric, change its unit here (a missing metric shows as "—").
+var rows = []Row{
+	{Bench: "Throughput", Pkg: "workers", What: "end to end: 8 writers' DirtyTx and the reconciles, ÷ `pgbench -N`", Ours: "e2e_dirty+reconcile/s", Peer: "`pgbench -N -c 16`", PeerUnit: "pgbench_N_tps", Ratio: "e2e/pgbench", Target: ">= 0.5"},
+	{Bench: "Throughput", Pkg: "workers", What: "end to end, ÷ raw River doing the same with `InsertTx`", Ours: "e2e_dirty+reconcile/s", Peer: "raw River, `InsertTx` per transaction", PeerUnit: "raw_river_e2e_jobs/s", Ratio: "e2e/raw_e2e", Target: ">= 2"},
+	{Bench: "Throughput", Pkg: "workers", What: "fenced reconciles drained with 16 sessions, ÷ `pgbench -N`", Ours: "fenced_reconciles/s", Peer: "`pgbench -N -c 16`", PeerUnit: "pgbench_N_tps", Ratio: "fenced/pgbench"},
+	{Bench: "Throughput", Pkg: "workers", What: "fenced reconciles drained, ÷ raw River (no-op worker, `InsertMany`)", Ours: "fenced_reconciles/s", Peer: "raw River", PeerUnit: "raw_river_jobs/s", Ratio: "fenced/raw"},
+	{Bench: "Throughput", Pkg: "workers", What: "worker RSS under that load (MB)", Ours: "rss_load_MB"},
+	{Bench: "Pickup", Pkg: "workers", What: "pickup latency p50, insert → `Work`, 120 jobs/s behind PgBouncer, ÷ River's", Ours: "ours_p50_ms", Peer: "raw River", PeerUnit: "river_p50_ms", Ratio: "ours/river_p50"},
+	{Bench: "Pickup", Pkg: "workers", What: "pickup latency p99, ÷ River's", Ours: "ours_p99_ms", Peer: "raw River", PeerUnit: "river_p99_ms", Ratio: "ours/river_p99"},
+	{Bench: "PickupPostgresRestart", Pkg: "workers", What: "pickup p99 in the 5 s after a PostgreSQL restart, ÷ before it", Ours: "after5s_p99_ms", Peer: "before the restart", PeerUnit: "before_p99_ms"},
+	{Bench: "DirtyVsInsertTx/Dirty", Pkg: "workers", What: "`DirtyTx` in a caller's transaction, ÷ River's `InsertTx`", Ours: "ns/op", Peer: "River `InsertTx`", PeerUnit: "ns/op", PeerBench: "DirtyVsInsertTx/InsertTx", Ratio: "dirty/inserttx"},
+	{Bench: "DirtyVsInsertTx/InsertForKeyTx", Pkg: "workers", What: "`InsertForKeyTx`, ÷ River's `InsertTx`", Ours: "ns/op", Peer: "River `InsertTx`", PeerUnit: "ns/op", PeerBench: "DirtyVsInsertTx/InsertTx", Ratio: "forkey/inserttx"},
+	{Bench: "GrowthClaim", Pkg: "workers", What: "claim of 32 due keys with 1,000,000 waiting in the shard (µs), ÷ with 1,000", Ours: "µs/claim_1000000_due", Peer: "1,000 waiting", PeerUnit: "µs/claim_1000_due", Ratio: "claim_1M/1k", Target: "<= 1.5"},
+	{Bench: "GrowthRiverFetch", Pkg: "workers", What: "River's fetch beside 1,000,000 completed jobs (µs), ÷ beside none", Ours: "µs/fetch_1000000_completed", Peer: "no completed jobs", PeerUnit: "µs/fetch_0_completed", Ratio: "fetch_1M/empty", Target: "<= 1.5"},
+	{Bench: "GrowthShards", Pkg: "workers", What: "worker RSS under load with 256 shards (MB), ÷ with 16", Ours: "rss_load_MB_256", Peer: "16 shards", PeerUnit: "rss_load_MB_16"},
+	{Bench: "GrowthShards", Pkg: "workers", What: "TPS an idle worker costs with 256 shards, ÷ with 16", Ours: "idle_tps_256", Peer: "16 shards", PeerUnit: "idle_tps_16"},
+	{Bench: "Append", Pkg: "domain/outbox", What: "event log: a transaction with one `AppendTx`, ÷ the same without it", Ours: "append-µs/tx", Peer: "the transaction without it", PeerUnit: "peer-µs/tx", Ratio: "ratio", Target: "<= 1.2"},
+	{Bench: "Claim", Pkg: "domain/outbox", What: "dispatcher: one claim with 1,000,000 pending rows, ÷ with 1,000", Ours: "claim-1M-µs", Peer: "1,000 pending rows", PeerUnit: "claim-1k-µs", Ratio: "ratio", Target: "<= 1.5"},
+	{Bench: "SinkThroughput", Pkg: "workers/outboxworker", What: "event log: events/s to a no-op sink, ÷ a bare read loop", Ours: "delivered-events/s", Peer: "a bare read loop", PeerUnit: "peer-read-events/s", Ratio: "ratio"},
+	{Bench: "CommitToDelivery", Pkg: "workers/outboxworker", What: "event log: commit to delivery p50 (ms) at 1,000 events/s", Ours: "p50-ms", Target: "<= 250"},
+	{Bench: "CommitToDelivery", Pkg: "workers/outboxworker", What: "event log: commit to delivery p99 (ms)", Ours: "p99-ms", Target: "<= 1000"},
+	{Bench: "Dispatcher", Pkg: "workers/outboxworker", What: "dispatcher: rows/s, no-op publish, 1,000 keys", Ours: "rows/s"},
+	{Bench: "Reserve", Pkg: "domain/capacity", What: "reservations/s, 32 clients, ÷ `pgbench -N`", Ours: "reservations/s", Peer: "`pgbench -N -c 32`", PeerUnit: "pgbench_tps", Ratio: "reservations_per_pgbench_tx", Target: ">= 0.3"},
+	{Bench: "Vote", Pkg: "domain/quorum", What: "quorum votes/s, 32 voters, ÷ `pgbench -N`", Ours: "votes/s", Peer: "`pgbench -N -c 32`", PeerUnit: "pgbench_tps", Ratio: "votes_per_pgbench_tx"},
+	{Bench: "WorkflowSteps", Pkg: "workers/workflowworker", What: "workflow steps/s, ÷ the same steps hand-chained as River jobs", Ours: "wf_steps/s", Peer: "hand-chained River jobs", PeerUnit: "handchained_steps/s", Ratio: "wf/handchained"},
+	{Bench: "WorkflowSteps", Pkg: "workers/workflowworker", What: "workflow CPU per step (ms), ÷ hand-chained", Ours: "wf_cpu_ms/step", Peer: "hand-chained River jobs", PeerUnit: "handchained_cpu_ms/step"},
+	{Bench: "WorkflowLatency", Pkg: "workers/workflowworker", What: "workflow start to finish p99 (ms), 3 steps, 100 workflows/s", Ours: "p99_ms"},
+	{Bench: "WorkflowSignalLatency", Pkg: "workers/workflowworker", What: "workflow signal to resume p99 (ms)", Ours: "resume_p99_ms"},
+	{Bench: "BackfillMillion", Pkg: "workers/backfill", What: "backfill of 1,000,000 rows, ÷ one `UPDATE` of all rows", Ours: "backfill_rows/s", Peer: "one `UPDATE`", PeerUnit: "update_rows/s", Ratio: "backfill/update", Target: ">= 0.5"},
+	{Bench: "BackfillMillion", Pkg: "workers/backfill", What: "a one-row write's p50 (ms) during the backfill, ÷ on the idle table", Ours: "write_p50_backfill_ms", Peer: "the idle table", PeerUnit: "write_p50_idle_ms", Ratio: "write_p50_backfill/idle"},
+	{Bench: "BackfillMillion", Pkg: "workers/backfill", What: "the batch size the sizing by time chose (median rows)", Ours: "batch_size_p50"},
+	{Bench: "BackfillMillion", Pkg: "workers/backfill", What: "a one-row write's p99 (ms) during the backfill, ÷ on the idle table", Ours: "write_p99_backfill_ms", Peer: "the idle table", PeerUnit: "write_p99_idle_ms", Ratio: "write_p99_backfill/idle", Target: "<= 2"},
+	{Bench: "Tx", Pkg: "platform/pg", What: "the transaction helper, ÷ a raw pgx transaction", Ours: "helper-ns/tx", Peer: "raw pgx", PeerUnit: "raw-ns/tx", Ratio: "helper/raw"},
+	{Bench: "Migrate/fresh", Pkg: "platform/migrate", What: "`migrate` on a fresh database", Ours: "ns/op"},
+	{Bench: "Migrate/current", Pkg: "platform/migrate", What: "`migrate` on an up-to-date database", Ours: "ns/op"},
+	{Bench: "Start/cold", Pkg: "platform/embedded", What: "embedded cluster start, cold (initdb)", Ours: "ns/op"},
+	{Bench: "Start/warm", Pkg: "platform/embedded", What: "embedded cluster start, warm", Ours: "ns/op"},
+}
