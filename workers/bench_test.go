@@ -210,6 +210,7 @@ func benchEndToEnd(b *testing.B, db *pgtest.DB) (rate, peakRSS float64) {
 	write(b, db, func(tx pgx.Tx, _ int, key string) error {
 		return jobs.DirtyTx(ctx, tx, "bench_e2e", key, nil)
 	})
+	b.ReportMetric(time.Since(start).Seconds(), "e2e_write_s")
 	workertest.WaitFor(b, 5*time.Minute, "reconciles done", func() bool {
 		peakRSS = max(peakRSS, float64(rssKB()))
 		return db.MustCount(b, `SELECT count(*) FROM compute_dirty WHERE kind = 'bench_e2e'`) == 0
