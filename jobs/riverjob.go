@@ -36,10 +36,20 @@ const jobStateSQL = `SELECT state::text FROM river_job WHERE id = $1`
 
 // --- Fences and hand-backs of worker processes (workers) ---
 
-// FenceJobSQL locks the job's own row with this attempt: $1 id, $2 attempt. No row
-// means the attempt is stale (the job was handed back, rescued or cancelled).
-// workers.FenceTx queues it in one batch with the lease's fence.
-const FenceJobSQL = `SELECT 1 FROM river_job WHERE id = $1 AND attempt = $2 AND state = 'running' FOR UPDATE`
+// FenceSQL is both fences of a fenced job's transaction in one statement (the
+// function compute_fence, migrations/core/0008_batch_functions.sql): the lease
+// ($1 name, $2 owner, $3 epoch, unexpired) FOR KEY SHARE, then the job's own
+// row ($4 id) with its attempt ($5), running, FOR UPDATE. It returns
+// FenceHeld, FenceLeaseLost (the job's row is not locked) or FenceJobStale
+// (the job was handed back, rescued or cancelled).
+const FenceSQL = `SELECT compute_fence($1, $2, $3, $4, $5::int)`
+
+// FenceSQL's results.
+const (
+	FenceHeld      = 0
+	FenceLeaseLost = 1
+	FenceJobStale  = 2
+)
 
 // anotherAttemptRunningSQL: see AnotherAttemptRunning.
 const anotherAttemptRunningSQL = `SELECT EXISTS (SELECT 1 FROM river_job
@@ -170,37 +180,12 @@ func HandBackEarlierIncarnation(ctx context.Context, db pg.DBTX, identity, owner
 // flight. It inserts one River job of kind ReconcileBatchKind per batch (per
 // kind, at most its batch size of keys), running under $3 in queue $9 at $8 (as
 // River's own fetch marks a job), and points the keys' rows at it. It returns
-// each key's job id, kind, key and gen.
-var ClaimDirtySQL = fmt.Sprintf(`
-WITH fence AS (
-    SELECT 1 FROM compute_leases
-    WHERE name = $2 AND owner = $3 AND epoch = $4 AND expires_at > compute_now()
-    FOR KEY SHARE
-), pick AS (
-    SELECT d.kind, d.key FROM compute_dirty d
-    WHERE d.shard = $1 AND d.job_id IS NULL AND d.not_before <= compute_now()
-      AND d.kind = ANY($5::text[]) AND EXISTS (SELECT 1 FROM fence)
-    ORDER BY d.not_before
-    LIMIT $7
-    FOR UPDATE SKIP LOCKED
-), grouped AS (
-    SELECT p.kind, p.key, (row_number() OVER (PARTITION BY p.kind ORDER BY p.key) - 1) / greatest(b.size, 1) AS chunk
-    FROM pick p JOIN unnest($5::text[], $6::int[]) AS b(kind, size) ON b.kind = p.kind
-), batch AS MATERIALIZED (
-    SELECT g.kind, g.chunk, array_agg(g.key ORDER BY g.key) AS keys, nextval('river_job_id_seq') AS id
-    FROM grouped g GROUP BY g.kind, g.chunk
-), job AS (
-    INSERT INTO river_job (id, args, kind, max_attempts, priority, queue, scheduled_at, state,
-                           attempt, attempted_at, attempted_by, tags, metadata)
-    SELECT b.id, jsonb_build_object('reconciler', b.kind, 'keys', to_jsonb(b.keys)), '%s', %d, %d, $9::text, $8::timestamptz,
-           'running'::river_job_state, 1, $8::timestamptz, ARRAY[$3::text], ARRAY[b.kind]::varchar(255)[], '{}'
-    FROM batch b
-    RETURNING id
-)
-UPDATE compute_dirty d SET job_id = b.id
-FROM grouped g JOIN batch b ON b.kind = g.kind AND b.chunk = g.chunk
-WHERE d.kind = g.kind AND d.key = g.key AND EXISTS (SELECT 1 FROM job WHERE job.id = b.id)
-RETURNING b.id, d.kind, d.key, d.gen`, ReconcileBatchKind, river.MaxAttemptsDefault, river.PriorityDefault)
+// each key's job id, kind, key and gen. The statement is the function
+// compute_claim_dirty (migrations/core/0008_batch_functions.sql), whose plan
+// the server keeps per connection.
+var ClaimDirtySQL = fmt.Sprintf(`SELECT job_id, kind, key, gen
+FROM compute_claim_dirty($1, $2, $3, $4, $5::text[], $6::int[], $7, $8, $9, '%s', %d, %d)`,
+	ReconcileBatchKind, river.MaxAttemptsDefault, river.PriorityDefault)
 
 // DueShardsSQL returns which of shards $1 have a due, waiting dirty key of the
 // reconciler kinds $2: one index probe per shard, so an idle process asks once
@@ -215,24 +200,15 @@ WHERE EXISTS (SELECT 1 FROM compute_dirty d
 const ReadClaimedSQL = `SELECT key, gen, dirtied_at FROM compute_dirty
 WHERE kind = $1 AND job_id = $2 AND ($3 = '' OR key = $3) ORDER BY key`
 
-// FinishDeleteSQL deletes, after a run of job $2 of reconciler $1, the rows of
-// keys $3 whose gen is still the one the run read ($4, aligned): those keys are
-// done. A row dirtied during the run keeps its higher gen.
-const FinishDeleteSQL = `DELETE FROM compute_dirty d
-USING unnest($3::text[], $4::bigint[]) AS f(key, gen)
-WHERE d.kind = $1 AND d.job_id = $2 AND d.key = f.key AND d.gen = f.gen`
-
-// FinishReleaseSQL, queued after FinishDeleteSQL in the same transaction (a new
-// statement, so it sees a dirty committed meanwhile), returns the rows of keys
-// $3 of job $2 of reconciler $1 that are left (dirtied during the run) to
-// waiting: the shard's holder claims them again at their not-before.
-const FinishReleaseSQL = `UPDATE compute_dirty SET job_id = NULL
-WHERE kind = $1 AND job_id = $2 AND key = ANY($3::text[])`
-
-// CompleteBatchSQL completes batch job $1 in attempt $2 at $3, in the run's
-// fenced transaction (its row is locked by the fence).
-const CompleteBatchSQL = `UPDATE river_job SET state = 'completed', finalized_at = $3
-WHERE id = $1 AND attempt = $2 AND state = 'running'`
+// FinishBatchSQL ends a run of job $2 of reconciler $1 (the function
+// compute_finish_batch, migrations/core/0008_batch_functions.sql): it deletes
+// the rows of keys $3 whose gen is still the one the run read ($4, aligned):
+// those keys are done; then, in a statement of its own (which sees a dirty
+// committed meanwhile), returns the rows of those keys that are left (dirtied
+// during the run) to waiting; and, unless $5 is NULL, completes the job in
+// attempt $5 at $6. It returns how many rows it changed: len($3), plus one for
+// the job, unless a row stopped pointing at the job.
+const FinishBatchSQL = `SELECT compute_finish_batch($1, $2, $3::text[], $4::bigint[], $5::int, $6)`
 
 // FailKeySQL gives key $3 of reconciler $2, whose reconcile failed on its own in
 // batch job $1, a River job of its own (kind ReconcileKind, args $5) in queue $4,

@@ -25,7 +25,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 func riverJobStatements() map[string]string {
 	return map[string]string{
 		"jobStateSQL":                  jobStateSQL,
-		"FenceJobSQL":                  FenceJobSQL,
+		"FenceSQL":                     FenceSQL,
 		"anotherAttemptRunningSQL":     anotherAttemptRunningSQL,
 		"handBackShardJobsSQL":         handBackShardJobsSQL,
 		"handBackOwnRunningSQL":        handBackOwnRunningSQL,
@@ -34,9 +34,7 @@ func riverJobStatements() map[string]string {
 		"ClaimDirtySQL":                ClaimDirtySQL,
 		"ReadClaimedSQL":               ReadClaimedSQL,
 		"DueShardsSQL":                 DueShardsSQL,
-		"FinishDeleteSQL":              FinishDeleteSQL,
-		"FinishReleaseSQL":             FinishReleaseSQL,
-		"CompleteBatchSQL":             CompleteBatchSQL,
+		"FinishBatchSQL":               FinishBatchSQL,
 		"FailKeySQL":                   FailKeySQL,
 		"BackfillProgressSQL (Get)":    BackfillProgressSQL + ` WHERE b.name = $1`,
 		"BackfillProgressSQL (List)":   BackfillProgressSQL + ` ORDER BY b.name`,

@@ -108,28 +108,26 @@ func inTxRetrying(ctx context.Context, rt *Runtime, job *rivertype.JobRow, l lea
 	}
 }
 
-// Fence runs both fences as the first statements of tx, in one round trip: the
-// lease l FOR KEY SHARE, and job's row with its attempt FOR UPDATE. It returns FENCED
-// when either finds nothing.
+// FenceTx runs both fences as the first statement of tx (jobs.FenceSQL): the
+// lease l FOR KEY SHARE, and job's row with its attempt FOR UPDATE. It returns
+// FENCED when either finds nothing.
 func FenceTx(ctx context.Context, tx pgx.Tx, l lease.Lease, job *rivertype.JobRow) error {
-	b := &pgx.Batch{}
-	b.Queue(lease.FenceSQL, l.Name, l.Owner, l.Epoch)
-	b.Queue(jobs.FenceJobSQL, job.ID, job.Attempt)
-	res := tx.SendBatch(ctx, b)
-	leaseRows, errLease := countRows(res)
-	jobRows, errJob := countRows(res)
-	if err := res.Close(); err != nil && errLease == nil && errJob == nil {
-		return pg.Translate(fmt.Errorf("error fencing job %d: %w", job.ID, err))
-	}
+	var got int
+	err := tx.QueryRow(ctx, jobs.FenceSQL, l.Name, l.Owner, l.Epoch, job.ID, job.Attempt).Scan(&got)
+	return fenceResult(got, err, l, job)
+}
+
+// fenceResult is the outcome of jobs.FenceSQL: nil, FENCED, or its error.
+func fenceResult(got int, err error, l lease.Lease, job *rivertype.JobRow) error {
 	switch {
-	case errLease != nil:
-		return pg.Translate(fmt.Errorf("error fencing lease %s: %w", l.Name, errLease))
-	case errJob != nil:
-		return pg.Translate(fmt.Errorf("error fencing job %d: %w", job.ID, errJob))
-	case leaseRows == 0:
+	case err != nil:
+		return pg.Translate(fmt.Errorf("error fencing job %d and lease %s: %w", job.ID, l.Name, err))
+	case got == jobs.FenceLeaseLost:
 		return fault.New(fault.Fenced, "job %d: lease %s (owner %s, epoch %d) is no longer held", job.ID, l.Name, l.Owner, l.Epoch)
-	case jobRows == 0:
+	case got == jobs.FenceJobStale:
 		return fault.New(fault.Fenced, "job %d: attempt %d is stale (the job is no longer running this attempt)", job.ID, job.Attempt)
+	case got != jobs.FenceHeld:
+		return fault.New(fault.Internal, "job %d: compute_fence returned %d", job.ID, got)
 	}
 	return nil
 }

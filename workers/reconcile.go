@@ -193,30 +193,23 @@ func (b *batchRun) run(ctx context.Context, tx pgx.Tx, l lease.Lease, row *river
 
 	// The fences and the rows, one round trip.
 	fb := &pgx.Batch{}
-	fb.Queue(lease.FenceSQL, l.Name, l.Owner, l.Epoch)
-	fb.Queue(jobs.FenceJobSQL, row.ID, row.Attempt)
+	fb.Queue(jobs.FenceSQL, l.Name, l.Owner, l.Epoch, row.ID, row.Attempt)
 	fb.Queue(jobs.ReadClaimedSQL, kind, row.ID, only)
 	res := tx.SendBatch(ctx, fb)
-	leaseRows, errLease := countRows(res)
-	jobRows, errJob := countRows(res)
+	var fenced int
+	errFence := res.QueryRow().Scan(&fenced)
 	var claimed []claimedKey
 	rows, errRows := res.Query()
 	if errRows == nil {
 		claimed, errRows = pgx.CollectRows(rows, scanClaimed)
 	}
-	if err := res.Close(); err != nil && errLease == nil && errJob == nil && errRows == nil {
+	if err := res.Close(); err != nil && errFence == nil && errRows == nil {
 		errRows = err
 	}
-	switch {
-	case errLease != nil:
-		return pg.Translate(fmt.Errorf("error fencing lease %s: %w", l.Name, errLease))
-	case errJob != nil:
-		return pg.Translate(fmt.Errorf("error fencing job %d: %w", row.ID, errJob))
-	case leaseRows == 0:
-		return fault.New(fault.Fenced, "job %d: lease %s (owner %s, epoch %d) is no longer held", row.ID, l.Name, l.Owner, l.Epoch)
-	case jobRows == 0:
-		return fault.New(fault.Fenced, "job %d: attempt %d is stale (the job is no longer running this attempt)", row.ID, row.Attempt)
-	case errRows != nil:
+	if err := fenceResult(fenced, errFence, l, row); err != nil {
+		return err
+	}
+	if errRows != nil {
 		return pg.Translate(fmt.Errorf("error reading the dirty keys of job %d: %w", row.ID, errRows))
 	}
 
@@ -237,31 +230,15 @@ func (b *batchRun) run(ctx context.Context, tx pgx.Tx, l lease.Lease, row *river
 	}
 
 	// Done: rows still at the gen read go, the others wait again (a new
-	// statement sees a dirty committed during the run), the job completes.
-	eb := &pgx.Batch{}
-	if len(keys) > 0 {
-		eb.Queue(jobs.FinishDeleteSQL, kind, row.ID, keys, gens)
-		eb.Queue(jobs.FinishReleaseSQL, kind, row.ID, keys)
-	}
-	if complete {
-		eb.Queue(jobs.CompleteBatchSQL, row.ID, row.Attempt, time.Now())
-	}
-	if eb.Len() > 0 {
-		res := tx.SendBatch(ctx, eb)
+	// statement sees a dirty committed during the run), the job completes: one
+	// call, one round trip.
+	if len(keys) > 0 || complete {
+		var attempt *int
+		if complete {
+			attempt = &row.Attempt
+		}
 		var n int64
-		var err error
-		for range eb.Len() {
-			tag, e := res.Exec()
-			if e != nil {
-				err = e
-				break
-			}
-			n += tag.RowsAffected()
-		}
-		if cerr := res.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
+		if err := tx.QueryRow(ctx, jobs.FinishBatchSQL, kind, row.ID, keys, gens, attempt, time.Now()).Scan(&n); err != nil {
 			return fmt.Errorf("error finishing the reconciles of %s: %w", kind, err)
 		}
 		want := int64(len(keys))
