@@ -159,9 +159,11 @@ func TestReserveRetriesAnotherDeviceOn23P01(t *testing.T) {
 		r, err := reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 1, Start: t0, End: t0.Add(time.Hour), TTL: time.Minute})
 		done <- result{r, err}
 	}()
-	// Wait until the reservation waits on the rogue transaction (the constraint check).
+	// Wait until the reservation waits on the rogue transaction (the constraint
+	// check), in capacity_reserve_fast or in the device-by-device insert.
 	require.Eventually(t, func() bool {
-		return db.MustCount(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO capacity_bookings%'`) == 1
+		return db.MustCount(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'
+		                         AND (query LIKE '%INSERT INTO capacity_bookings%' OR query LIKE '%capacity_reserve_fast(%')`) == 1
 	}, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, rogue.Commit(ctx))
 	res := <-done

@@ -197,35 +197,40 @@ func ReleaseTx(ctx context.Context, tx pgx.Tx, p *ReleaseParams) (*Reservation, 
 	if p == nil || p.ReservationID <= 0 {
 		return nil, fault.New(fault.InvalidArgument, "release: a reservation id is required")
 	}
-	// Read the reservation and lock its tenant's quota row, in one statement:
-	// the quota first, as every transition out of the live states does.
-	rows, err := tx.Query(ctx, reservationSQL+`
-  JOIN capacity_quota_usage q ON q.tenant = r.tenant AND q.pool_id = r.pool_id
- WHERE r.id = $1
-   FOR NO KEY UPDATE OF q`, p.ReservationID)
+	// One statement (capacity_release): read the reservation and lock its
+	// tenant's quota row (the quota first, as every transition out of the live
+	// states does), then the guarded update, the bookings and the counters.
+	var (
+		outcome                      string
+		r                            Reservation
+		id, version                  *int64
+		pool, tenant, state, link    *string
+		start, end, expires, created *time.Time
+		count, extensions            *int32
+	)
+	// The columns are NULL when the reservation does not exist.
+	err := tx.QueryRow(ctx, `SELECT * FROM capacity_release($1)`, p.ReservationID).Scan(&outcome,
+		&id, &pool, &tenant, &start, &end, &state, &count, &link, &r.Devices,
+		&expires, &version, &extensions, &created, &r.ConfirmedAt, &r.EndedAt)
 	if err != nil {
 		return nil, translate(err, "reservation %d", p.ReservationID)
 	}
-	r, err := pgx.CollectExactlyOneRow(rows, pgx.RowToAddrOfStructByName[Reservation])
-	if errors.Is(err, pgx.ErrNoRows) {
+	if outcome == "not_found" || id == nil {
 		return nil, fault.New(fault.NotFound, "reservation %d does not exist", p.ReservationID)
 	}
-	if err != nil {
-		return nil, translate(err, "reservation %d", p.ReservationID)
-	}
-	if !r.State.Live() {
+	r.ID, r.PoolID, r.Tenant, r.Start, r.End, r.State = *id, *pool, *tenant, *start, *end, State(*state)
+	r.DeviceCount, r.LinkID, r.ExpiresAt, r.Version = int(*count), *link, *expires, *version
+	r.Extensions, r.CreatedAt = int(*extensions), *created
+	switch outcome {
+	case "released":
+		return &r, nil
+	case "not_live":
 		return nil, fault.New(fault.Conflict, "reservation %d is already %s", r.ID, r.State)
-	}
-	ended, err := end(ctx, tx, r.PoolID, []endCandidate{{id: r.ID, tenant: r.Tenant}}, Released, true)
-	if err != nil {
-		return nil, err
-	}
-	if len(ended) == 0 {
-		// Ended by someone else between Get and the guarded update.
+	case "changed":
+		// Ended by someone else between the read and the guarded update.
 		return nil, refusal(ctx, tx, r.ID, "release", 0)
 	}
-	r.State, r.Version, r.EndedAt = Released, ended[0].version, &ended[0].endedAt
-	return r, nil
+	return nil, fault.New(fault.Internal, "release of reservation %d: unexpected outcome %q", p.ReservationID, outcome)
 }
 
 // ExpireParams are ExpireHoldsTx's parameters.
@@ -489,39 +494,67 @@ func (d deltas) add(node string, stripe int, s State, n int) {
 
 // apply writes quota refunds (already locked by the caller; tenant -> devices),
 // then d to node_resources (in node order) and to the pool's rollup stripes (in
-// stripe order): one round trip, in lock order.
+// stripe order): one statement, capacity_apply_counts (a PL/pgSQL function, so
+// its plans are kept per connection), in lock order.
 func (d deltas) apply(ctx context.Context, tx pgx.Tx, pool string, refunds map[string]int) error {
-	b := &pgx.Batch{}
+	args := d.args(pool, refunds)
+	if args == nil {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, applyCountsSQL, args...); err != nil {
+		return pg.Translate(fmt.Errorf("error updating the counters of pool %s: %w", pool, err))
+	}
+	return nil
+}
+
+// applyCountsSQL writes counter changes, in lock order: see
+// capacity_apply_counts (migrations/capacity/0006_reserve_functions.sql) and
+// deltas.args.
+const applyCountsSQL = `SELECT capacity_apply_counts($1, $2, $3, $4, $5, $6, $7, $8, $9)`
+
+// args are applyCountsSQL's arguments, each list sorted in lock order, or nil
+// when there is nothing to write.
+func (d deltas) args(pool string, refunds map[string]int) []any {
 	tenants := make([]string, 0, len(refunds))
 	for t := range refunds {
 		tenants = append(tenants, t)
 	}
 	slices.Sort(tenants)
-	for _, t := range tenants {
-		b.Queue(`UPDATE capacity_quota_usage SET used = used - $3, updated_at = compute_now() WHERE tenant = $1 AND pool_id = $2`, t, pool, refunds[t])
+	amounts := make([]int32, len(tenants))
+	for i, t := range tenants {
+		amounts[i] = int32(refunds[t])
 	}
-	nodes := make([]string, 0, len(d))
+	all := make([]string, 0, len(d))
 	for n := range d {
-		nodes = append(nodes, n)
+		all = append(all, n)
 	}
-	slices.Sort(nodes)
-	var stripes [8][2]int
-	for _, n := range nodes {
+	slices.Sort(all)
+	var (
+		nodes           []string
+		holds, confirmd []int32
+		stripes         [8][2]int32
+	)
+	for _, n := range all {
 		v := d[n]
 		if v.holds == 0 && v.confirmed == 0 {
 			continue
 		}
-		b.Queue(`UPDATE capacity_node_resources SET holds = holds + $2, confirmed = confirmed + $3, updated_at = compute_now() WHERE node_id = $1`, n, v.holds, v.confirmed)
-		stripes[v.stripe][0] += v.holds
-		stripes[v.stripe][1] += v.confirmed
+		nodes = append(nodes, n)
+		holds = append(holds, int32(v.holds))
+		confirmd = append(confirmd, int32(v.confirmed))
+		stripes[v.stripe][0] += int32(v.holds)
+		stripes[v.stripe][1] += int32(v.confirmed)
 	}
+	var sIDs, sHolds, sConfirmed []int32
 	for s, v := range stripes {
 		if v[0] != 0 || v[1] != 0 {
-			b.Queue(`UPDATE capacity_pool_capacity_rollup SET holds = holds + $3, confirmed = confirmed + $4, updated_at = compute_now() WHERE pool_id = $1 AND stripe = $2`, pool, s, v[0], v[1])
+			sIDs = append(sIDs, int32(s))
+			sHolds = append(sHolds, v[0])
+			sConfirmed = append(sConfirmed, v[1])
 		}
 	}
-	if b.Len() == 0 {
+	if len(tenants) == 0 && len(nodes) == 0 && len(sIDs) == 0 {
 		return nil
 	}
-	return execBatch(ctx, tx, b, fmt.Sprintf("updating the counters of pool %s", pool))
+	return []any{pool, tenants, amounts, nodes, holds, confirmd, sIDs, sHolds, sConfirmed}
 }

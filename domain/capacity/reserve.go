@@ -71,27 +71,30 @@ func ReserveTx(ctx context.Context, tx pgx.Tx, p *ReserveParams) (*Reservation, 
 	if err := p.validate(); err != nil {
 		return nil, err
 	}
-	// The common case first: everything in one savepoint, the devices booked by
-	// one statement. If that statement loses a device (23P01) or finds too few
-	// that nobody holds, the savepoint rolls back and the reservation is made
-	// again, device by device, waiting if it must.
+	// The common case first: everything in one savepoint, the quota, the
+	// reservation and its devices by one statement (capacity_reserve_fast). If
+	// that statement loses a device (23P01) or finds too few that nobody holds,
+	// the savepoint rolls back and the reservation is made again, device by
+	// device, waiting if it must. A linked reservation goes that way directly.
+	retries := 0
+	if !p.Linked {
+		r, err := reserveFast(ctx, tx, p)
+		switch {
+		case err == nil:
+			return r, nil
+		case pg.SQLState(err) == "23P01":
+			retries = 1
+		case pg.SQLState(err) == "BC001":
+		default:
+			return nil, err
+		}
+	}
 	var out *Reservation
 	err := pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
-		r, err := reserve(ctx, tx, p, true)
+		r, err := reserve(ctx, tx, p)
 		out = r
 		return err
 	})
-	retries := 0
-	if pg.SQLState(err) == "23P01" {
-		retries, err = 1, errSlowPath
-	}
-	if errors.Is(err, errSlowPath) {
-		err = pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
-			r, err := reserve(ctx, tx, p, false)
-			out = r
-			return err
-		})
-	}
 	if err != nil {
 		return nil, err
 	}
@@ -99,9 +102,99 @@ func ReserveTx(ctx context.Context, tx pgx.Tx, p *ReserveParams) (*Reservation, 
 	return out, nil
 }
 
-// errSlowPath rolls back the first attempt of a reservation whose one-statement
-// booking did not get every device.
-var errSlowPath = errors.New("booking device by device")
+// reserveSavepoint is the savepoint of reserveFast. Named by the statement that
+// opens it (not by pgx), so that it goes in one round trip with the first
+// statement; a savepoint of the same name that the caller holds is only hidden
+// until this one is released.
+const reserveSavepoint = "capacity_reserve_fast"
+
+// reserveFast makes a reservation that is not linked in three round trips, in a
+// savepoint: the savepoint and capacity_reserve_fast (quota, reservation, the
+// devices nobody holds, in lock order) in one batch; the expiry job; the
+// counters (node_resources, then the rollup) with the savepoint's release in
+// another batch. Any error rolls the savepoint back, so tx is as it was: an
+// error of SQLSTATE 23P01 or BC001 says to book device by device instead.
+func reserveFast(ctx context.Context, tx pgx.Tx, p *ReserveParams) (_ *Reservation, err error) {
+	open := false
+	defer func() {
+		if err != nil && open {
+			// Back to before the savepoint (a failed rollback, on a broken
+			// connection, leaves tx unusable, as the error says).
+			_, _ = tx.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT "+reserveSavepoint+"; RELEASE SAVEPOINT "+reserveSavepoint)
+		}
+	}()
+	r := &Reservation{PoolID: p.PoolID, Tenant: p.Tenant, State: Hold, DeviceCount: p.Devices, Version: 1}
+	var (
+		outcome             string
+		limit, used, shards *int32
+		id                  *int64
+		start, end, exp, at *time.Time
+		devices, nodes      []string
+		stripes             []int32
+	)
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT " + reserveSavepoint)
+	b.Queue(`SELECT * FROM capacity_reserve_fast($1, $2, $3, $4, $5, $6, $7)`,
+		p.PoolID, p.Tenant, p.Start, p.End, p.Devices, p.TTL.Seconds(), rand.Int32())
+	res := tx.SendBatch(ctx, b)
+	_, err = res.Exec()
+	if err == nil {
+		open = true
+		err = res.QueryRow().Scan(&outcome, &limit, &used, &id, &start, &end, &exp, &at, &shards, &devices, &nodes, &stripes)
+	}
+	if cerr := res.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		if s := pg.SQLState(err); s == "23P01" || s == "BC001" {
+			return nil, err // as is: the caller books device by device
+		}
+		return nil, translate(err, "reservation of %s in pool %s", p.Tenant, p.PoolID)
+	}
+	switch outcome {
+	case "no_quota":
+		return nil, fault.New(fault.NotFound, "tenant %s has no quota in pool %s", p.Tenant, p.PoolID)
+	case "quota":
+		return nil, fault.New(fault.Conflict, "tenant %s's quota in pool %s is exhausted: %d of %d devices in use, %d more asked", p.Tenant, p.PoolID, *used, *limit, p.Devices)
+	case "booked":
+	default:
+		return nil, fault.New(fault.Internal, "reservation of %s in pool %s: unexpected outcome %q", p.Tenant, p.PoolID, outcome)
+	}
+	r.ID, r.Start, r.End, r.ExpiresAt, r.CreatedAt, r.Devices = *id, *start, *end, *exp, *at, devices
+
+	// The expiry job, scheduled for the hold's expiry in real time; the worker
+	// checks compute_now() (and snoozes while the hold is not due). Inserted
+	// before the counters, so the rollup row is locked for as short a time as
+	// possible.
+	_, err = jobs.InsertTx(ctx, tx, jobs.CapacityHoldExpiry{PoolID: p.PoolID, ReservationID: r.ID}, &river.InsertOpts{
+		Queue:       jobs.ShardQueue(jobs.ShardOf(p.PoolID, int(*shards))),
+		ScheduledAt: time.Now().Add(p.TTL),
+	})
+	if err != nil {
+		return nil, pg.Translate(fmt.Errorf("error enqueueing the expiry of reservation %d: %w", r.ID, err))
+	}
+
+	// node_resources, then pool_capacity_rollup; then the savepoint's release.
+	d := deltas{}
+	for i := range devices {
+		d.add(nodes[i], int(stripes[i]), Hold, 1)
+	}
+	b = &pgx.Batch{}
+	b.Queue(applyCountsSQL, d.args(p.PoolID, nil)...)
+	b.Queue("RELEASE SAVEPOINT " + reserveSavepoint)
+	res = tx.SendBatch(ctx, b)
+	for i := 0; i < b.Len() && err == nil; i++ {
+		_, err = res.Exec()
+	}
+	if cerr := res.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, pg.Translate(fmt.Errorf("error updating the counters of pool %s: %w", p.PoolID, err))
+	}
+	open = false
+	return r, nil
+}
 
 // booked is one device booked (or a candidate) by a reservation.
 type booked struct {
@@ -113,10 +206,10 @@ type booked struct {
 // errTooFew rolls back a group's savepoint when it could not supply every device.
 var errTooFew = errors.New("too few free devices")
 
-// reserve makes the reservation in tx. With fast, it books the devices with
-// bookAllSQL only and returns errSlowPath (or the 23P01) when that is not
-// enough; otherwise it tries the groups device by device, then waiting.
-func reserve(ctx context.Context, tx pgx.Tx, p *ReserveParams, fast bool) (*Reservation, error) {
+// reserve makes the reservation in tx device by device: the slow path of
+// ReserveTx, after capacity_reserve_fast, and the only one of a linked
+// reservation. It tries the groups device by device, then waiting.
+func reserve(ctx context.Context, tx pgx.Tx, p *ReserveParams) (*Reservation, error) {
 	// 1. quota_usage: charge first; the reservation row is inserted by the same
 	// statement (a new row: nobody else can lock it; its foreign key takes the
 	// pool's key-share lock after the quota row, in lock order).
@@ -154,21 +247,6 @@ RETURNING id, lower(during), upper(during), expires_at, created_at, (SELECT shar
 	// enough free devices by this statement's snapshot), first without waiting
 	// for devices others are booking, then waiting in device order.
 	var got []booked
-	if fast && !p.Linked {
-		rows, err := tx.Query(ctx, bookAllSQL, p.PoolID, p.Start, p.End, -1, "", "", rand.Int32(), p.Devices, r.ID, p.Tenant)
-		if err == nil {
-			got, err = pgx.CollectRows(rows, scanBooked)
-		}
-		if pg.SQLState(err) == "23P01" {
-			return nil, err // as is: the caller takes the slow path
-		}
-		if err != nil {
-			return nil, translate(err, "devices of pool %s", p.PoolID)
-		}
-		if len(got) < p.Devices {
-			return nil, errSlowPath
-		}
-	}
 	groups := []string{""}
 	if p.Linked {
 		if groups, err = linkCandidates(ctx, tx, p); err != nil {
@@ -306,16 +384,6 @@ SELECT $1, d.id, d.node_id, d.pool_id, $5, tstzrange($3, $4), 'hold'
  WHERE d.id = $2 AND ` + freeDeviceSQL(3, 4) + `
 RETURNING device_id, node_id`
 
-// bookAllSQL books the first free devices of round "from" that nobody holds,
-// in one statement: the common case, tried first. Its free check uses the
-// statement's snapshot, taken before the locks, so a booking committed in
-// between makes it fail with 23P01.
-var bookAllSQL = `
-WITH c AS (` + spreadSQL("from") + `)
-INSERT INTO capacity_bookings (reservation_id, device_id, node_id, pool_id, tenant, during, state)
-SELECT $9, c.id, c.node_id, $1, $10, tstzrange($2, $3), 'hold' FROM c
-RETURNING device_id, node_id, capacity_stripe(node_id)`
-
 // bookGroup books p.Devices devices of one group (the whole pool when link is
 // "", else the link's devices) in a savepoint, or none: nil when the group cannot
 // supply them all.
@@ -413,11 +481,6 @@ func bookOne(ctx context.Context, tx pgx.Tx, p *ReserveParams, resID int64, c bo
 		*retries++
 	}
 	return nil
-}
-
-func scanBooked(row pgx.CollectableRow) (booked, error) {
-	var b booked
-	return b, row.Scan(&b.device, &b.node, &b.stripe)
 }
 
 // errLost rolls back a device's savepoint when the device was taken.
