@@ -19,7 +19,7 @@ const (
 	// DefaultBatchSize is the default BatchSize, and the size of a run's first
 	// batch when BatchSize is larger.
 	DefaultBatchSize     = 1000
-	DefaultBatchTime     = 100 * time.Millisecond
+	DefaultBatchTime     = 25 * time.Millisecond
 	DefaultEstimateEvery = 10 * time.Second
 	// MaxBatchSize bounds BatchSize: a batch is one transaction.
 	MaxBatchSize = 100_000
@@ -61,7 +61,7 @@ type Backfill struct {
 	// 1000). Batches are sized by time up to it (see BatchTime); a run's first
 	// batch asks for min(BatchSize, DefaultBatchSize) rows.
 	BatchSize int
-	// BatchTime is how long a batch should take; default 100 ms. After each
+	// BatchTime is how long a batch should take; default 25 ms. After each
 	// batch the next one asks for size × BatchTime / took rows, at least half
 	// and at most twice the size, between 1 and BatchSize (and, with
 	// MaxRowsPerSecond, at most MaxRowsPerSecond × BatchTime): short

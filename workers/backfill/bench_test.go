@@ -34,7 +34,7 @@ func benchRows() int {
 // poll interval, each job draining batches while they come back full), and
 // the same column on an identical table with one UPDATE of every row, in the
 // same run; it reports both rates and their ratio. Two sub-benchmarks: the
-// default options (batches of at most 1,000 rows, sized for 100 ms) and
+// default options (batches of at most 1,000 rows, sized for 25 ms) and
 // BatchSize 100,000 (batches sized by time alone). It reports the batch sizes
 // the sizing chose, how many batches and jobs ran, the mean time of a batch's
 // UPDATE and of the rest of its transaction (the gap between two batches, poll

@@ -68,7 +68,7 @@
 //
 // Batches are sized by time (the chunk-time rule of gh-ost and
 // pt-online-schema-change): after a batch of n rows that took t, the next asks
-// for n × BatchTime / t rows (100 ms by default), at least n/2 and at most 2n,
+// for n × BatchTime / t rows (25 ms by default), at least n/2 and at most 2n,
 // between 1 and BatchSize (and MaxRowsPerSecond × BatchTime with a rate limit).
 // A run's first batch asks for min(BatchSize, 1000). The size is kept in the
 // backfill's row (Progress.BatchSize), so it carries over from job to job.

@@ -227,6 +227,7 @@ func TestRateLimitHoldsWhileDraining(t *testing.T) {
 	b := logged(fillBackfill("rate_fill", "rate_items", nil, nil), &log)
 	b.BatchSize = 500
 	b.FixedBatchSize = false
+	b.BatchTime = 100 * time.Millisecond
 	b.MaxRowsPerSecond = rate // with BatchTime 100 ms: batches of at most 200 rows
 	workertest.Start(t, db.Pool, registry(t, b), nil)
 
@@ -311,7 +312,7 @@ func TestBatchSizeLimits(t *testing.T) {
 	b = Backfill{Name: "x", Batch: ok, BatchSize: 50_000}.withDefaults()
 	require.Equal(t, DefaultBatchSize, b.batchSize(nil), "a run starts at 1000 rows")
 	require.Equal(t, 30_000, b.batchSize(size(30_000)))
-	b.MaxRowsPerSecond = 5000 // 500 rows per 100 ms
+	b.MaxRowsPerSecond = 20_000 // 500 rows per 25 ms
 	require.Equal(t, 500, b.maxBatch())
 	require.Equal(t, 500, b.batchSize(nil))
 	b.MaxRowsPerSecond = 1
