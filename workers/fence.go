@@ -131,16 +131,3 @@ func fenceResult(got int, err error, l lease.Lease, job *rivertype.JobRow) error
 	}
 	return nil
 }
-
-func countRows(res pgx.BatchResults) (int, error) {
-	rows, err := res.Query()
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	for rows.Next() {
-		n++
-	}
-	rows.Close()
-	return n, rows.Err()
-}
