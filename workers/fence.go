@@ -60,14 +60,7 @@ func InTxLease[T river.JobArgs](ctx context.Context, job *river.Job[T], l lease.
 		if err := fn(ctx, tx); err != nil {
 			return err
 		}
-		done, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job)
-		if err != nil {
-			return fmt.Errorf("error completing job %d: %w", job.ID, err)
-		}
-		if done.State != rivertype.JobStateCompleted {
-			return fault.New(fault.Fenced, "job %d: completion found it %s, not running", job.ID, done.State)
-		}
-		return nil
+		return CompleteTx(ctx, tx, job)
 	})
 	if fault.Has(err, fault.Fenced) {
 		rt.metrics.fenced(job.Queue)
@@ -128,6 +121,20 @@ func fenceResult(got int, err error, l lease.Lease, job *rivertype.JobRow) error
 		return fault.New(fault.Fenced, "job %d: attempt %d is stale (the job is no longer running this attempt)", job.ID, job.Attempt)
 	case got != jobs.FenceHeld:
 		return fault.New(fault.Internal, "job %d: compute_fence returned %d", job.ID, got)
+	}
+	return nil
+}
+
+// CompleteTx completes job in tx, as InTx does after its function: FENCED
+// unless the job was still running this attempt (FenceTx's lock on its row
+// makes sure it is, for the rest of tx).
+func CompleteTx[T river.JobArgs](ctx context.Context, tx pgx.Tx, job *river.Job[T]) error {
+	done, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job)
+	if err != nil {
+		return fmt.Errorf("error completing job %d: %w", job.ID, err)
+	}
+	if done.State != rivertype.JobStateCompleted {
+		return fault.New(fault.Fenced, "job %d: completion found it %s, not running", job.ID, done.State)
 	}
 	return nil
 }

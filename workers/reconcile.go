@@ -39,24 +39,35 @@ type reconcileWorker struct {
 }
 
 func (w *reconcileWorker) Work(ctx context.Context, job *river.Job[jobs.Reconcile]) error {
-	rec := w.reg.reconcilers[job.Args.Reconciler]
-	if rec == nil {
-		// Not cancelled: another version of the application may know the kind.
-		return fault.New(fault.NotFound, "no reconciler %q is registered in this process", job.Args.Reconciler)
-	}
-	rt := runtimeFrom(ctx)
-	l, ok := rt.leaseForQueue(job.Queue)
-	if !ok {
-		rt.metrics.fenced(job.Queue)
-		return fault.New(fault.Fenced, "job %d: this process holds no lease for queue %s", job.ID, job.Queue)
+	rt, l, rec, err := w.reg.reconcileJob(ctx, job.Args.Reconciler, job.JobRow)
+	if err != nil {
+		return err
 	}
 	var b batchRun
-	err := b.tx(ctx, rt, l, job.JobRow, rec, job.Args.Key, true)
+	err = b.tx(ctx, rt, l, job.JobRow, rec, job.Args.Key, true)
 	var ke *keyError
 	if errors.As(err, &ke) {
 		return ke.err // River retries it with backoff
 	}
 	return err // completed in the run's transaction
+}
+
+// reconcileJob is what a reconcile job River runs needs: the runtime, the
+// lease of its shard queue, and reconciler kind. NOT_FOUND if this process
+// does not register the kind (not cancelled: another version of the
+// application may know it); FENCED if it holds no lease for the queue.
+func (reg *Registry) reconcileJob(ctx context.Context, kind string, row *rivertype.JobRow) (*Runtime, lease.Lease, *Reconciler, error) {
+	rec := reg.reconcilers[kind]
+	if rec == nil {
+		return nil, lease.Lease{}, nil, fault.New(fault.NotFound, "no reconciler %q is registered in this process", kind)
+	}
+	rt := runtimeFrom(ctx)
+	l, ok := rt.leaseForQueue(row.Queue)
+	if !ok {
+		rt.metrics.fenced(row.Queue)
+		return nil, lease.Lease{}, nil, fault.New(fault.Fenced, "job %d: this process holds no lease for queue %s", row.ID, row.Queue)
+	}
+	return rt, l, rec, nil
 }
 
 // batchWorker works jobs.ReconcileBatch when River runs it: a batch whose
@@ -68,15 +79,9 @@ type batchWorker struct {
 }
 
 func (w *batchWorker) Work(ctx context.Context, job *river.Job[jobs.ReconcileBatch]) error {
-	rec := w.reg.reconcilers[job.Args.Reconciler]
-	if rec == nil {
-		return fault.New(fault.NotFound, "no reconciler %q is registered in this process", job.Args.Reconciler)
-	}
-	rt := runtimeFrom(ctx)
-	l, ok := rt.leaseForQueue(job.Queue)
-	if !ok {
-		rt.metrics.fenced(job.Queue)
-		return fault.New(fault.Fenced, "job %d: this process holds no lease for queue %s", job.ID, job.Queue)
+	rt, l, rec, err := w.reg.reconcileJob(ctx, job.Args.Reconciler, job.JobRow)
+	if err != nil {
+		return err
 	}
 	return runBatch(ctx, rt, l, job.JobRow, rec)
 }

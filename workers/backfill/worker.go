@@ -10,8 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-	"github.com/riverqueue/river/rivertype"
 
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
@@ -73,7 +71,7 @@ func (w *worker) Work(ctx context.Context, job *river.Job[jobs.Backfill]) error 
 				}
 				// The batch handed the backfill on (to done or a new job), or the
 				// row does not name this job: the job completes with it.
-				return completeTx(ctx, tx, job)
+				return workers.CompleteTx(ctx, tx, job)
 			})
 			if err != nil && pg.Disconnected(err) && ctx.Err() == nil {
 				// InTx retries a lost connection while the lease holds; the row
@@ -147,19 +145,6 @@ func (w *worker) inFencedTx(ctx context.Context, job *river.Job[jobs.Backfill], 
 		}
 		return fn(ctx, tx)
 	})
-}
-
-// completeTx completes job in tx, as workers.InTx does: FENCED unless the job
-// was still running this attempt (the fence's lock makes sure it is).
-func completeTx(ctx context.Context, tx pgx.Tx, job *river.Job[jobs.Backfill]) error {
-	done, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job)
-	if err != nil {
-		return fmt.Errorf("error completing job %d: %w", job.ID, err)
-	}
-	if done.State != rivertype.JobStateCompleted {
-		return fault.New(fault.Fenced, "job %d: completion found it %s, not running", job.ID, done.State)
-	}
-	return nil
 }
 
 // outcome is what one batch transaction did.
