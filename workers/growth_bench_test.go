@@ -31,17 +31,19 @@ import (
 //
 //	go test -run '^$' -bench GrowthClaim -benchtime 300x -timeout 30m ./workers/
 func BenchmarkGrowthClaim(b *testing.B) {
-	var small, big float64
-	for _, n := range []int{1_000, 1_000_000} {
-		per := growthClaim(b, n)
-		b.ReportMetric(float64(per.Microseconds()), fmt.Sprintf("µs/claim_%d_due", n))
-		if n == 1_000 {
-			small = float64(per)
-		} else {
-			big = float64(per)
-		}
+	growthRatio(b, 1_000, 1_000_000, growthClaim, "µs/claim_%d_due", "claim_1M/1k")
+}
+
+// growthRatio times one operation (op, per unit) with a small and a big
+// backlog, reports each (unit, formatted with the backlog) and big ÷ small
+// (ratio).
+func growthRatio(b *testing.B, small, big int, op func(*testing.B, int) time.Duration, unit, ratio string) {
+	var per [2]time.Duration
+	for i, n := range []int{small, big} {
+		per[i] = op(b, n)
+		b.ReportMetric(float64(per[i].Microseconds()), fmt.Sprintf(unit, n))
 	}
-	b.ReportMetric(big/small, "claim_1M/1k")
+	b.ReportMetric(float64(per[1])/float64(per[0]), ratio)
 }
 
 func growthClaim(b *testing.B, due int) time.Duration {
@@ -96,17 +98,7 @@ func growthOps(b *testing.B) int { return max(b.N, growthMinOps) }
 //
 //	go test -run '^$' -bench GrowthRiverFetch -benchtime 300x -timeout 30m ./workers/
 func BenchmarkGrowthRiverFetch(b *testing.B) {
-	var small, big float64
-	for _, n := range []int{0, 1_000_000} {
-		per := growthFetch(b, n)
-		b.ReportMetric(float64(per.Microseconds()), fmt.Sprintf("µs/fetch_%d_completed", n))
-		if n == 0 {
-			small = float64(per)
-		} else {
-			big = float64(per)
-		}
-	}
-	b.ReportMetric(big/small, "fetch_1M/empty")
+	growthRatio(b, 0, 1_000_000, growthFetch, "µs/fetch_%d_completed", "fetch_1M/empty")
 }
 
 func growthFetch(b *testing.B, completed int) time.Duration {
