@@ -226,6 +226,9 @@ INSERT INTO verbs_items (id) SELECT g FROM generate_series(1, 500) g;`)}},
 			err := backfill.Add(r, backfill.Backfill{
 				Name:      "alpha_fill",
 				BatchSize: 100,
+				// Batches of exactly 100 rows, however long one takes on a
+				// loaded machine: the test counts them.
+				FixedBatchSize: true,
 				Batch: func(ctx context.Context, tx pgx.Tx, n int) (int, error) {
 					tag, err := tx.Exec(ctx, `UPDATE verbs_items SET a = id WHERE id = ANY (ARRAY(
 						SELECT id FROM verbs_items WHERE a IS NULL ORDER BY id LIMIT $1 FOR UPDATE)) AND a IS NULL`, n)
