@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -287,12 +288,15 @@ func TestWorkflowProcessSIGSTOPMidStep(t *testing.T) {
 		require.NoError(t, err)
 	}
 	workertest.WaitFor(t, 20*time.Second, "A is mid-step", func() bool {
-		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'workflow_step' AND state = 'running'`) >= 10
+		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'workflow_step' AND state = 'running'
+			AND attempted_by[cardinality(attempted_by)] = $1`, ownerOf(t, db, a)) >= 10
 	})
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
 
-	// The step jobs A was running (the running ones are all A's: B holds no
-	// shard yet), read once a COMMIT A sent just before its pause has landed.
+	// The step jobs A was running, read once a COMMIT A sent just before its
+	// pause has landed. Only A's attempts (River's attempted_by names the client,
+	// which is the lease owner): on a loaded machine a renewal of A's can slip
+	// past its TTL before the pause and B work a shard's jobs already.
 	time.Sleep(200 * time.Millisecond)
 	type attempt struct {
 		id       int64
@@ -303,7 +307,7 @@ func TestWorkflowProcessSIGSTOPMidStep(t *testing.T) {
 	}
 	var paused []attempt
 	rows, err := db.Query(ctx, `SELECT id, attempt, queue, args->>'workflow_id', args->>'step' FROM river_job
-		WHERE kind = 'workflow_step' AND state = 'running'`)
+		WHERE kind = 'workflow_step' AND state = 'running' AND attempted_by[cardinality(attempted_by)] = $1`, ownerOf(t, db, a))
 	require.NoError(t, err)
 	for rows.Next() {
 		var p attempt
@@ -320,27 +324,39 @@ func TestWorkflowProcessSIGSTOPMidStep(t *testing.T) {
 	pausedAt := time.Now()
 	workertest.WaitFor(t, 30*time.Second, "B holds every shard", func() bool { return leasesOf(t, db, b) == 16 })
 	tookOver := time.Since(pausedAt)
+	takeover := epochs(t, db)
 	waitOrdersCompleted(t, db, n, 60*time.Second)
 	finished := time.Since(pausedAt)
 
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
 	// Woken, A tries to go on with the steps it was running: each attempt is
 	// fenced (its lease is B's now) and given back, committing nothing.
-	workertest.WaitFor(t, 30*time.Second, "A gives back every step it was running, fenced", func() bool {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		fenced := fencedJobs(t, a)
+		var unfenced []int64
 		for _, p := range paused {
 			if !fenced[p.id] {
-				return false
+				unfenced = append(unfenced, p.id)
 			}
 		}
-		return true
-	})
+		if len(unfenced) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("woken, A did not give back, fenced, the step jobs %v of its %d paused ones", unfenced, len(paused))
+		}
+	}
 	time.Sleep(time.Second) // long enough for a late commit of A's to show
 	requireEachStepOnce(t, db, n)
-	require.Zero(t, leasesOf(t, db, a), "the paused process holds no shard after SIGCONT")
+	after := epochs(t, db)
+	if maps.Equal(after, takeover) {
+		// B kept every lease it took: A, woken, took none of them back.
+		require.Zero(t, leasesOf(t, db, a), "the paused process holds no shard after SIGCONT")
+	} else {
+		t.Logf("B lost a lease after its takeover (a renewal slipped past its TTL on this loaded machine): epochs %v, then %v", takeover, after)
+	}
 	require.Equal(t, beforePause, byA(), "the paused process committed a step after its pause")
 
-	after := epochs(t, db)
 	for _, p := range paused {
 		shard := "shard/" + strings.TrimPrefix(p.queue, "shard_")
 		// The step A was running committed once, by a later attempt of the job,
@@ -351,7 +367,9 @@ func TestWorkflowProcessSIGSTOPMidStep(t *testing.T) {
 			WHERE job_id = $1`, p.id).Scan(&attempt, &epoch), "job %d (%s %s)", p.id, p.workflow, p.step)
 		require.Greater(t, attempt, p.attempt, "job %d committed by the paused attempt", p.id)
 		require.Greater(t, epoch, before[shard], "job %d committed under A's lease", p.id)
-		require.Equal(t, after[shard], epoch)
+		// B's epoch, or one before it: on a loaded machine B may lose a lease
+		// (a renewal slipping past its TTL) and take it again afterwards.
+		require.LessOrEqual(t, epoch, after[shard])
 		var worker string
 		var count int
 		require.NoError(t, db.QueryRow(ctx, `SELECT worker, n FROM example_workflow_effects WHERE workflow_id = $1 AND step = $2`,
