@@ -47,6 +47,11 @@
 // Work therefore resumes within one TTL after a crash, and within one renewal
 // interval of a stray fetch.
 //
+// The lease rounds, the identity heartbeat and the clock samples run on a
+// control pool of their own (2 connections beside Options.Pool): jobs holding
+// every connection of the work pool, for longer than the TTL, never delay a
+// renewal, so a busy holder does not lose its own leases.
+//
 // # Identity: restarts resume at once
 //
 // Each Runtime claims a new incarnation of its worker identity at start

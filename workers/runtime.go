@@ -66,8 +66,12 @@ type Options struct {
 // Runtime is a running worker process: a River client, its shard leases and
 // their queues.
 type Runtime struct {
-	o          Options
-	pool       *pg.Pool
+	o    Options
+	pool *pg.Pool
+	// ctl is the control loops' own small pool (lease rounds, the identity
+	// heartbeat, clock samples): jobs holding every connection of pool never
+	// delay a renewal. It is pool itself for an insert-only client.
+	ctl        *pg.Pool
 	log        zerolog.Logger
 	client     *river.Client[pgx.Tx]
 	keeper     *lease.Keeper
@@ -152,7 +156,18 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 		}
 	}
 	rt := newRuntime(o, count)
-	if err := rt.anchor.Sample(ctx, o.Pool); err != nil && !fault.Has(err, fault.ClockSkew) {
+	if o.Work {
+		if rt.ctl, err = o.Pool.Sibling(controlConns); err != nil {
+			return nil, err
+		}
+	}
+	started := false
+	defer func() {
+		if !started {
+			rt.closeCtl()
+		}
+	}()
+	if err := rt.anchor.Sample(ctx, rt.ctl); err != nil && !fault.Has(err, fault.ClockSkew) {
 		return nil, err
 	} else if err != nil {
 		rt.log.Error().Err(err).Msg("clock skew at start")
@@ -170,6 +185,7 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 		rt.retire()
 		return nil, fault.Wrap(fault.InvalidConfig, err, "cannot configure River")
 	}
+	started = true // from here on, Stop closes ctl
 	rt.runCtx, rt.runCancel = context.WithCancel(context.WithoutCancel(ctx))
 	if !o.Work {
 		return rt, nil
@@ -179,6 +195,17 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 	}
 	rt.log.Info().Str("owner", rt.owner).Str("identity", rt.inc.Identity).Int64("incarnation", rt.inc.Number).Ints("shards", o.Shards).Int("shard_count", count).Msg("worker started")
 	return rt, nil
+}
+
+// controlConns is the size of a working runtime's control pool: a lease round
+// and a heartbeat at once.
+const controlConns = 2
+
+// closeCtl closes the control pool, when the runtime has one of its own.
+func (rt *Runtime) closeCtl() {
+	if rt.ctl != nil && rt.ctl != rt.pool {
+		rt.ctl.Close()
+	}
 }
 
 // withDefaults is o with its zero fields defaulted (platform/config's defaults).
@@ -203,7 +230,7 @@ func (o Options) withDefaults() Options {
 // newRuntime is a Runtime of o, not started, for a deployment of count shards.
 func newRuntime(o Options, count int) *Runtime {
 	rt := &Runtime{
-		o: o, pool: o.Pool, log: o.Log, shardCount: count, anchor: &clock.Anchor{},
+		o: o, pool: o.Pool, ctl: o.Pool, log: o.Log, shardCount: count, anchor: &clock.Anchor{},
 		metrics:   o.Metrics,
 		inFlight:  map[string]map[int64]context.CancelCauseFunc{},
 		active:    map[string]bool{},
@@ -255,6 +282,7 @@ func (rt *Runtime) run(names []string) error {
 	if err := rt.client.Start(rt.runCtx); err != nil {
 		rt.runCancel()
 		rt.retire()
+		rt.closeCtl()
 		return fault.Wrap(fault.Unavailable, err, "cannot start River")
 	}
 	go rt.queueLoop()
@@ -285,13 +313,13 @@ func (rt *Runtime) run(names []string) error {
 func (rt *Runtime) newKeeper() *lease.Keeper {
 	o := rt.o
 	return lease.NewKeeper(lease.KeeperOptions{
-		DB: o.Pool, Owner: rt.owner, TTL: o.LeaseTTL, Renew: o.LeaseRenew, Anchor: rt.anchor,
+		DB: rt.ctl, Owner: rt.owner, TTL: o.LeaseTTL, Renew: o.LeaseRenew, Anchor: rt.anchor,
 		Log: o.Log.With().Str("component", "lease").Logger(),
 		Taken: func(ctx context.Context, tx pgx.Tx, l lease.Lease) error {
 			return rt.handBack(ctx, tx, "at its takeover", l)
 		},
 		Kept: func(ctx context.Context, held []lease.Lease) {
-			if err := rt.handBack(ctx, rt.pool, "after a lease round", held...); err != nil && ctx.Err() == nil {
+			if err := rt.handBack(ctx, rt.ctl, "after a lease round", held...); err != nil && ctx.Err() == nil {
 				rt.log.Warn().Err(err).Msg("could not hand back stray jobs; the next lease round retries")
 			}
 		},
@@ -684,6 +712,7 @@ func (rt *Runtime) Stop(ctx context.Context) error {
 		rt.log.Warn().Err(err).Msg("could not release leases; they expire within one TTL")
 	}
 	rt.retire()
+	rt.closeCtl()
 	rt.metrics.leases(0)
 	rt.log.Info().Msg("worker stopped")
 	return nil

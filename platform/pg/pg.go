@@ -245,6 +245,23 @@ func redactErr(err error, connURL string) error {
 	return &redacted{msg: Redact(err.Error(), connURL), err: err}
 }
 
+// Sibling returns a new pool of at most maxConns connections to the same
+// database with p's settings (statement timeout, application name, cancel
+// handling). It connects lazily, and the caller closes it. A worker's control
+// loops (lease renewals, the identity heartbeat, clock samples) use one of
+// their own, so that jobs holding every connection of the work pool never
+// delay a renewal past its lease.
+func (p *Pool) Sibling(maxConns int32) (*Pool, error) {
+	cfg := p.Pool.Config() // a copy
+	cfg.MaxConns = max(maxConns, 1)
+	cfg.MinConns = 0
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fault.Wrap(fault.InvalidConfig, err, "cannot configure a pool")
+	}
+	return &Pool{Pool: pool, beginSQL: p.beginSQL, timeout: p.timeout, app: p.app, check: p.check}, nil
+}
+
 // StatementTimeout is the timeout every transaction of this pool sets.
 func (p *Pool) StatementTimeout() time.Duration { return p.timeout }
 
