@@ -68,20 +68,7 @@ func TestLeasesKeptWhileJobsHoldEveryConnection(t *testing.T) {
 		}
 		return true
 	})
-	epochs := func() map[string]int64 {
-		out := map[string]int64{}
-		rows, err := db.Query(ctx, `SELECT name, epoch FROM compute_leases WHERE name LIKE 'shard/%'`)
-		require.NoError(t, err)
-		for rows.Next() {
-			var n string
-			var e int64
-			require.NoError(t, rows.Scan(&n, &e))
-			out[n] = e
-		}
-		require.NoError(t, rows.Err())
-		return out
-	}
-	before := epochs()
+	before := epochs(t, db)
 
 	// 4 shards × 4 workers a shard want up to 16 connections; the pool has 3,
 	// so the 12 jobs hold it for 4 rounds of 2 s.
@@ -102,7 +89,7 @@ func TestLeasesKeptWhileJobsHoldEveryConnection(t *testing.T) {
 			require.True(t, ok, "the worker lost the lease of shard %d while its jobs held its pool", s)
 		}
 	}
-	require.Equal(t, before, epochs(), "a shard lease changed hands (or was taken again) while the jobs held the pool")
+	require.Equal(t, before, epochs(t, db), "a shard lease changed hands (or was taken again) while the jobs held the pool")
 	require.GreaterOrEqual(t, int(w.peak.Load()), 3, "the jobs held every connection of the pool")
 	workertest.WaitFor(t, 60*time.Second, "every job completed", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'test_hog' AND state = 'completed'`) == 12
