@@ -72,8 +72,14 @@ func (rt *Runtime) halt(err error) {
 
 // retire records that this incarnation stopped (a graceful stop, or a start that
 // failed after its claim), so the next start with the identity need not watch
-// for a heartbeat.
+// for a heartbeat, and closes the control pool: the last thing a stopping or
+// failed runtime does with it.
 func (rt *Runtime) retire() {
+	defer func() {
+		if rt.ctl != rt.pool {
+			rt.ctl.Close() // the control pool, once nothing uses it
+		}
+	}()
 	if rt.inc == nil {
 		return
 	}

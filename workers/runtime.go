@@ -161,13 +161,8 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 			return nil, err
 		}
 	}
-	started := false
-	defer func() {
-		if !started {
-			rt.closeCtl()
-		}
-	}()
 	if err := rt.anchor.Sample(ctx, rt.ctl); err != nil && !fault.Has(err, fault.ClockSkew) {
+		rt.retire()
 		return nil, err
 	} else if err != nil {
 		rt.log.Error().Err(err).Msg("clock skew at start")
@@ -178,6 +173,7 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 	}
 	if o.Work {
 		if err := rt.claim(ctx, names); err != nil {
+			rt.retire()
 			return nil, err
 		}
 	}
@@ -185,7 +181,6 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 		rt.retire()
 		return nil, fault.Wrap(fault.InvalidConfig, err, "cannot configure River")
 	}
-	started = true // from here on, Stop closes ctl
 	rt.runCtx, rt.runCancel = context.WithCancel(context.WithoutCancel(ctx))
 	if !o.Work {
 		return rt, nil
@@ -200,13 +195,6 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 // controlConns is the size of a working runtime's control pool: a lease round
 // and a heartbeat at once.
 const controlConns = 2
-
-// closeCtl closes the control pool, when the runtime has one of its own.
-func (rt *Runtime) closeCtl() {
-	if rt.ctl != nil && rt.ctl != rt.pool {
-		rt.ctl.Close()
-	}
-}
 
 // withDefaults is o with its zero fields defaulted (platform/config's defaults).
 func (o Options) withDefaults() Options {
@@ -282,7 +270,6 @@ func (rt *Runtime) run(names []string) error {
 	if err := rt.client.Start(rt.runCtx); err != nil {
 		rt.runCancel()
 		rt.retire()
-		rt.closeCtl()
 		return fault.Wrap(fault.Unavailable, err, "cannot start River")
 	}
 	go rt.queueLoop()
@@ -712,7 +699,6 @@ func (rt *Runtime) Stop(ctx context.Context) error {
 		rt.log.Warn().Err(err).Msg("could not release leases; they expire within one TTL")
 	}
 	rt.retire()
-	rt.closeCtl()
 	rt.metrics.leases(0)
 	rt.log.Info().Msg("worker stopped")
 	return nil
