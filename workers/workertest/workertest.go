@@ -18,13 +18,13 @@ import (
 	"github.com/bettercompute/bettercompute/workers"
 )
 
-// Fast are the intervals tests use: a 1.5 s lease renewed every 0.25 s, and River
+// Fast are the intervals tests use: a 4 s lease renewed every 0.4 s, and River
 // polling every 20 ms, in place of the production defaults
 // (config.DefaultLeaseTTL, DefaultLeaseRenew, DefaultStopGrace,
 // DefaultPollInterval and DefaultWorkersPerShard in platform/config).
 var Fast = workers.Options{
-	LeaseTTL:        1500 * time.Millisecond,
-	LeaseRenew:      250 * time.Millisecond,
+	LeaseTTL:        4 * time.Second,
+	LeaseRenew:      400 * time.Millisecond,
 	StopGrace:       2 * time.Second,
 	PollInterval:    20 * time.Millisecond,
 	WorkersPerShard: 4,
