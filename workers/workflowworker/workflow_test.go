@@ -137,7 +137,7 @@ func signal(t *testing.T, db *pg.Pool, id, name string, payload any, dedup strin
 
 func wait(t *testing.T, db *pg.Pool, id string) *workflow.Info {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	i, err := workflow.Wait(ctx, db, id, 20*time.Millisecond)
 	require.NoError(t, err)
@@ -152,7 +152,7 @@ func waitStatus(t *testing.T, db *pg.Pool, id string, want workflow.Status) *wor
 		i, err = workflow.Get(context.Background(), db, id)
 		require.NoError(t, err)
 		return i.Status == want
-	}, 30*time.Second, 10*time.Millisecond, "workflow %s never became %s", id, want)
+	}, time.Minute, 10*time.Millisecond, "workflow %s never became %s", id, want)
 	return i
 }
 
@@ -199,7 +199,9 @@ func TestAwaitTimesOutOnTheSimClock(t *testing.T) {
 	_, err := e.db.Pool.Exec(ctx, `SELECT compute_advance_sim_clock(interval '3 days')`)
 	require.NoError(t, err)
 	i := wait(t, e.db.Pool, id)
-	require.Less(t, time.Since(began), 10*time.Second)
+	// Woken by the sim clock, not by three days passing: the wake-up runs once a
+	// second, so even a starved machine ends it well within a minute.
+	require.Less(t, time.Since(began), time.Minute)
 	require.Equal(t, workflow.Completed, i.Status)
 	require.JSONEq(t, `{"order":"o2","paid":false,"steps":2}`, string(i.Result))
 	require.Equal(t, 1, e.db.MustCount(t, `SELECT count(*) FROM wf_effects WHERE workflow_id = 'o2' AND step = 'release'`))
@@ -496,7 +498,7 @@ func TestSignalVersusTimeoutRaces(t *testing.T) {
 	}))
 	require.Eventually(t, func() bool {
 		return e.db.MustCount(t, `SELECT count(*) FROM compute_workflows WHERE status = 'waiting'`) == n
-	}, 60*time.Second, 20*time.Millisecond)
+	}, 3*time.Minute, 100*time.Millisecond, "the %d workflows never all waited for their payment", n)
 
 	var wg sync.WaitGroup
 	errs := make(chan error, n+1)
@@ -613,7 +615,7 @@ func TestUndecodableStateFailsTheWorkflowAndCancelsItsJob(t *testing.T) {
 	require.Contains(t, i.Error, "does not decode")
 	require.Eventually(t, func() bool {
 		return e.db.MustCount(t, `SELECT count(*) FROM river_job WHERE args->>'workflow_id' = 'u-1' AND state = 'cancelled'`) == 1
-	}, 10*time.Second, 20*time.Millisecond)
+	}, time.Minute, 20*time.Millisecond)
 	require.Equal(t, 0, e.db.MustCount(t, `SELECT count(*) FROM river_job WHERE args->>'workflow_id' = 'u-1' AND state NOT IN ('completed', 'cancelled')`))
 }
 
