@@ -55,11 +55,13 @@ func TestLeasesKeptWhileJobsHoldEveryConnection(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 3})
 	ctx := context.Background()
-	w := &hogWorker{hold: 2 * time.Second} // past the 1.5 s TTL
+	// A short lease on purpose: the jobs must hold the pool past the TTL.
+	const ttl = 1500 * time.Millisecond
+	w := &hogWorker{hold: 2 * time.Second} // past the TTL
 	reg := workers.NewRegistry()
 	workers.AddWorker(reg, w)
 	shards := []int{0, 1, 2, 3}
-	rt := workertest.Start(t, db.Pool, reg, &workers.Options{Shards: shards})
+	rt := workertest.Start(t, db.Pool, reg, &workers.Options{Shards: shards, LeaseTTL: ttl, LeaseRenew: 250 * time.Millisecond})
 	workertest.WaitFor(t, 10*time.Second, "the shards' leases held", func() bool {
 		for _, s := range shards {
 			if _, ok := rt.LeaseForQueue(jobs.ShardQueue(s)); !ok {
@@ -83,7 +85,7 @@ func TestLeasesKeptWhileJobsHoldEveryConnection(t *testing.T) {
 	workertest.WaitFor(t, 10*time.Second, "every connection held by a job", func() bool { return w.running.Load() >= 3 })
 
 	// Three TTLs with the pool exhausted: every renewal happens in that time.
-	for end := time.Now().Add(3 * workertest.Fast.LeaseTTL); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+	for end := time.Now().Add(3 * ttl); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		for _, s := range shards {
 			_, ok := rt.LeaseForQueue(jobs.ShardQueue(s))
 			require.True(t, ok, "the worker lost the lease of shard %d while its jobs held its pool", s)
