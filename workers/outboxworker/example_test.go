@@ -197,12 +197,13 @@ func exampleWorker(db *pg.Pool, reg *workers.Registry) (stop func()) {
 	}
 }
 
-// exampleWait waits for done, a minute at most.
+// exampleWait waits for done, a minute at most; it prints a timeout, so that
+// the example fails on its output (and the test binary cleans up).
 func exampleWait(done <-chan struct{}, what string) {
 	select {
 	case <-done:
 	case <-time.After(time.Minute):
-		panic("timed out waiting for " + what)
+		fmt.Println("timed out waiting for", what)
 	}
 }
 
