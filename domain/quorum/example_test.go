@@ -9,13 +9,14 @@ import (
 
 	"github.com/bettercompute/bettercompute/domain/quorum"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
 )
 
 // An agent proposes two changes that two of three voters must approve within
 // the hour; alice's vote is one of them.
 func ExampleVoteTx() {
 	ctx := context.Background()
-	var db *pg.Pool // the application's pool
+	db := pgtest.ForExample().Pool // the application's pool
 	var id int64
 	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		b, err := quorum.ProposeTx(ctx, tx, &quorum.ProposeParams{
@@ -30,7 +31,7 @@ func ExampleVoteTx() {
 		return nil
 	})
 	if err != nil {
-		return
+		panic(err)
 	}
 	err = pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		res, err := quorum.VoteTx(ctx, tx, &quorum.VoteParams{BatchID: id, Voter: "alice", Approve: true, Reason: "looks right"})
@@ -41,4 +42,7 @@ func ExampleVoteTx() {
 		return nil
 	})
 	fmt.Println(err)
+	// Output:
+	// open 1
+	// <nil>
 }

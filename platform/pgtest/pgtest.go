@@ -49,6 +49,7 @@ var (
 // Main runs the tests and then stops the embedded cluster, if one was started.
 func Main(m *testing.M) {
 	code := m.Run()
+	runExampleCleanups()
 	if cluster != nil {
 		_ = cluster.Stop()
 	}

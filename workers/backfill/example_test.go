@@ -2,11 +2,13 @@ package backfill_test
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/backfill"
 )
@@ -41,4 +43,45 @@ WHERE id = ANY (ARRAY(
 		},
 	}
 	_ = module // cli.Main(cli.App{Modules: []cli.Module{module}})
+
+	// What a worker does with it: batches, each in a transaction of its own,
+	// until one handles no row. Here on three unnormalized rows, two per batch.
+	ctx := context.Background()
+	db := exampleItems("Widget", "GADGET", "Gizmo")
+	for {
+		var n int
+		err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
+			var err error
+			n, err = normalizeNames.Batch(ctx, tx, 2)
+			return err
+		})
+		if err != nil {
+			panic(err)
+		}
+		left, err := normalizeNames.Estimate(ctx, db)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("batch of %d, %d left\n", n, left)
+		if n == 0 {
+			break
+		}
+	}
+	// Output:
+	// batch of 2, 1 left
+	// batch of 1, 0 left
+	// batch of 0, 0 left
+}
+
+// exampleItems returns a test database with table inventory_items holding names.
+func exampleItems(names ...string) *pg.Pool {
+	db := pgtest.ForExample().Pool
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `CREATE TABLE inventory_items (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, name text NOT NULL, normalized_name text)`); err != nil {
+		panic(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO inventory_items (name) SELECT unnest($1::text[])`, names); err != nil {
+		panic(err)
+	}
+	return db
 }

@@ -3,14 +3,20 @@ package outboxworker_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
 
 	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/outboxworker"
 )
@@ -18,6 +24,9 @@ import (
 // A sink receives every event of its topics, in order, at least once: the
 // receiver drops a repeat by the event's ID.
 func ExampleAddSink() {
+	delivered := make(chan struct{})
+	var once sync.Once
+
 	reg := workers.NewRegistry() // in an application: a cli.Module's Register
 	err := outboxworker.AddSink(reg, outboxworker.Sink{
 		Name:   "billing",
@@ -25,23 +34,33 @@ func ExampleAddSink() {
 		Handle: func(ctx context.Context, events []outboxworker.Event) error {
 			for _, e := range events {
 				// e.ID (TXID:SEQ) is the idempotency key.
-				fmt.Println(e.ID, e.Topic, e.Key, string(e.Payload))
+				fmt.Println(e.Topic, e.Key, string(e.Payload))
 			}
+			once.Do(func() { close(delivered) })
 			return nil
 		},
 	})
 	if err != nil {
 		panic(err)
 	}
+
+	// Here: a worker runs the sink, and an application appends an event.
+	db := exampleDB()
+	defer exampleWorker(db, reg)()
+	err = pg.InTx(context.Background(), db, func(ctx context.Context, tx pgx.Tx) error {
+		return outbox.AppendTx(ctx, tx, outbox.Message{Topic: "usage.recorded", Key: "acct-1", Payload: map[string]int{"units": 1}})
+	})
+	if err != nil {
+		panic(err)
+	}
+	exampleWait(delivered, "the sink's delivery")
+	// Output: usage.recorded acct-1 {"units": 1}
 }
 
 // Append writes events in the transaction that changes the state they report.
 func ExampleAddSink_append() {
 	ctx := context.Background()
-	var db *pg.Pool // the application's pool
-	if db == nil {
-		return
-	}
+	db := exampleDB() // the application's pool; it has table accounts
 	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE accounts SET used = used + 1 WHERE id = $1`, "acct-1"); err != nil {
 			return err
@@ -51,6 +70,18 @@ func ExampleAddSink_append() {
 	if err != nil {
 		panic(err)
 	}
+
+	// Both committed, or neither: the account and the log (compute_events).
+	var used int
+	var topic, key, payload string
+	if err := db.QueryRow(ctx, `SELECT used FROM accounts WHERE id = 'acct-1'`).Scan(&used); err != nil {
+		panic(err)
+	}
+	if err := db.QueryRow(ctx, `SELECT topic, key, payload::text FROM compute_events`).Scan(&topic, &key, &payload); err != nil {
+		panic(err)
+	}
+	fmt.Println(used, topic, key, payload)
+	// Output: 1 usage.recorded acct-1 {"units": 1}
 }
 
 // StockReport is a row of the application's outbox table
@@ -65,6 +96,8 @@ type StockReport struct {
 // A table dispatcher publishes an application's outbox table in order per
 // key; the row's id is the receiver's idempotency key.
 func ExampleNewDispatcher() {
+	erpURL := exampleERP() // the receiver's address; here a server that prints what it receives
+
 	stockReports, err := outboxworker.NewDispatcher(outboxworker.DispatcherOptions[StockReport]{
 		Name:              "inventory:stock-reports",
 		Table:             "inventory.stock_reports",
@@ -73,7 +106,7 @@ func ExampleNewDispatcher() {
 		ReconcileInterval: 10 * time.Second,
 		Publish: func(ctx context.Context, r StockReport) error {
 			body := fmt.Sprintf(`{"itemId":%q,"delta":%d}`, r.ItemID, r.Delta)
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://erp.example.com/stock-movements", strings.NewReader(body))
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, erpURL+"/stock-movements", strings.NewReader(body))
 			if err != nil {
 				return err
 			}
@@ -102,18 +135,95 @@ func ExampleNewDispatcher() {
 	// Writing: lock the item, then insert the report, in one transaction; the
 	// Notify in it starts a pass as soon as it commits.
 	ctx := context.Background()
-	var db *pg.Pool // the application's pool
-	if db == nil {
-		return
-	}
-	_ = pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE inventory.items SET quantity = quantity + $2 WHERE id = $1`, "…", 5)
+	db := exampleDB() // the application's pool; it has the tables of stock_reports.sql
+	defer exampleWorker(db, reg)()
+	item := "00000000-0000-0000-0000-000000000001"
+	err = pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE inventory.items SET quantity = quantity + $2 WHERE id = $1`, item, 5)
 		if err != nil || tag.RowsAffected() == 0 {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO inventory.stock_reports (item_id, delta) VALUES ($1, $2)`, "…", 5); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO inventory.stock_reports (item_id, delta) VALUES ($1, $2)`, item, 5); err != nil {
 			return err
 		}
 		return stockReports.Notify(ctx, tx)
 	})
+	if err != nil {
+		panic(err)
+	}
+	exampleWait(erpReceived, "the ERP's request")
+	// Output: POST /stock-movements {"itemId":"00000000-0000-0000-0000-000000000001","delta":5}
+}
+
+// exampleDB returns a test database with an application's tables: accounts
+// (acct-1), and inventory.items (one item) with its outbox table
+// inventory.stock_reports.
+func exampleDB() *pg.Pool {
+	db := pgtest.ForExample().Pool
+	ctx := context.Background()
+	stockReports, err := os.ReadFile("../../testdata/outbox/stock_reports.sql")
+	if err != nil {
+		panic(err)
+	}
+	for _, sql := range []string{
+		string(stockReports),
+		`INSERT INTO inventory.items (id) VALUES ('00000000-0000-0000-0000-000000000001')`,
+		`CREATE TABLE accounts (id text PRIMARY KEY, used int NOT NULL DEFAULT 0)`,
+		`INSERT INTO accounts (id) VALUES ('acct-1')`,
+	} {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			panic(err)
+		}
+	}
+	return db
+}
+
+// exampleWorker starts a worker runtime on every shard of db, as better-compute
+// worker does, and returns its stop.
+func exampleWorker(db *pg.Pool, reg *workers.Registry) (stop func()) {
+	ctx := context.Background()
+	rt, err := workers.Start(ctx, workers.Options{
+		Pool: db, Registry: reg, Work: true, Log: zerolog.Nop(),
+		Shards:       []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, // pgtest.DefaultShardCount
+		PollInterval: 50 * time.Millisecond,
+	})
+	if err != nil {
+		panic(err)
+	}
+	return func() {
+		if err := rt.Stop(ctx); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// exampleWait waits for done, a minute at most; it prints a timeout, so that
+// the example fails on its output (and the test binary cleans up).
+func exampleWait(done <-chan struct{}, what string) {
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		fmt.Println("timed out waiting for", what)
+	}
+}
+
+// erpReceived is closed when exampleERP's server has received a request.
+var erpReceived = make(chan struct{})
+
+// exampleERP starts a server that prints each request it receives and answers
+// 200, and returns its URL.
+func exampleERP() string {
+	var once sync.Once
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if r.Header.Get("Idempotency-Key") == "" {
+			http.Error(w, "no Idempotency-Key", http.StatusBadRequest)
+			return
+		}
+		once.Do(func() {
+			fmt.Println(r.Method, r.URL.Path, string(body))
+			close(erpReceived)
+		})
+	}))
+	return srv.URL
 }

@@ -180,7 +180,7 @@ func (s *Session) doctorConnect(ctx context.Context, r *report) (*pg.Pool, bool)
 // it. (Should the read fail, the next checks say why; ages use this process's clock.)
 func serverClock(ctx context.Context, db *pg.Pool) time.Time {
 	now := time.Now()
-	_ = db.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&now)
+	_ = db.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&now) // bare clock: pg_stat_activity's starts are on the server's clock, not compute_now()'s
 	return now
 }
 
