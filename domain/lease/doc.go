@@ -36,8 +36,9 @@
 // (retrying a name held by another at the moment that holder's lease expires),
 // renews all it holds in one statement every renewal interval (5 s by default;
 // shard and sink leases live 15 s), re-samples the clock anchor at each renewal
-// (CLOCK_SKEW beyond 1 s is logged and the leases are given up, since expiry can
-// no longer be trusted), and calls OnLost at once when a lease is lost. After
+// (CLOCK_SKEW beyond 1 s is logged at error level; the leases are kept, since
+// fencing and expiry are measured on the database's clock), and calls OnLost at
+// once when a lease is lost. After
 // every round it calls Kept with the leases it holds, so the holder can do what
 // it owes them once per renewal interval (a worker hands back its shards' jobs
 // that other processes attempted). Held trusts a holding only until it expires

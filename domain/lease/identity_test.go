@@ -40,7 +40,8 @@ func TestRestartTakesLeasesOverAtOnce(t *testing.T) {
 
 	exited(t, db, "web-1")
 	start := time.Now()
-	inc, err := lease.Claim(ctx, db.Pool, lease.ClaimOptions{Identity: "web-1"})
+	// A 10 s heartbeat: a watch would last 25 s, a TTL wait an hour.
+	inc, err := lease.Claim(ctx, db.Pool, lease.ClaimOptions{Identity: "web-1", Heartbeat: 10 * time.Second})
 	require.NoError(t, err)
 	require.Equal(t, "web-1#2", inc.Owner())
 	require.NotNil(t, inc.Took)
@@ -51,7 +52,7 @@ func TestRestartTakesLeasesOverAtOnce(t *testing.T) {
 	got, err := lease.Acquire(ctx, db.Pool, "shard/0", inc.Owner(), time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, held.Epoch+1, got.Epoch)
-	require.Less(t, time.Since(start), time.Second, "no watch and no TTL wait for an exited process")
+	require.Less(t, time.Since(start), 10*time.Second, "no watch and no TTL wait for an exited process")
 
 	// The old incarnation is fenced exactly as after any takeover …
 	tx, err := db.Pool.Begin(ctx)
@@ -153,7 +154,7 @@ func TestClaimWatchesAnotherHostsHeartbeat(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	hb := 100 * time.Millisecond
+	hb := 500 * time.Millisecond
 	plant := func(identity, host, silent string) {
 		db.MustExec(t, `INSERT INTO compute_workers (identity, incarnation, host, pid, seen_at)
 			VALUES ($1, 4, $2, 1, compute_now() - $3::interval)`, identity, host, silent)
@@ -167,7 +168,7 @@ func TestClaimWatchesAnotherHostsHeartbeat(t *testing.T) {
 			select {
 			case <-stop:
 				return
-			case <-time.After(hb):
+			case <-time.After(hb / 10): // ten beats a heartbeat, so a slow machine still beats within the watch
 				db.MustExec(t, `UPDATE compute_workers SET seen_at = compute_now() WHERE identity = 'beating'`)
 			}
 		}
@@ -248,7 +249,7 @@ func TestRunStopsOnTakeover(t *testing.T) {
 	select {
 	case err := <-got:
 		require.True(t, fault.Has(err, fault.Conflict), "%v", err)
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the old incarnation did not learn it was replaced")
 	}
 }

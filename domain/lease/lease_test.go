@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/domain/lease"
+	"github.com/bettercompute/bettercompute/platform/clock"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
@@ -30,27 +31,31 @@ func withLockTimeout(ctx context.Context, db *pg.Pool, d time.Duration, fn func(
 
 // TestFenceHoldsTakeoverNotRenewal: while a fenced transaction is open, the
 // holder's renewal goes through at once, and a takeover (after expiry) waits for
-// the transaction to end.
+// the transaction to end. The lease expires on the sim clock.
 func TestFenceHoldsTakeoverNotRenewal(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
+	require.NoError(t, clock.UseSim(ctx, db.Pool, time.Now()))
 
-	a, err := lease.Acquire(ctx, db.Pool, "shard/0", "a", 300*time.Millisecond)
+	a, err := lease.Acquire(ctx, db.Pool, "shard/0", "a", 10*time.Second)
 	require.NoError(t, err)
 	fenced, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer fenced.Rollback(ctx)
 	require.NoError(t, lease.FenceTx(ctx, fenced, a))
 
-	// The renewal does not wait for the holder's own fenced transaction.
+	// The renewal does not wait for the holder's own fenced transaction. (A
+	// lock timeout counts only time spent waiting for a lock, so a slow machine
+	// does not trip it.)
 	require.NoError(t, withLockTimeout(ctx, db.Pool, time.Second, func(tx pgx.Tx) error {
-		ls, err := lease.Renew(ctx, tx, 300*time.Millisecond, a)
+		ls, err := lease.Renew(ctx, tx, 10*time.Second, a)
 		require.Len(t, ls, 1)
 		return err
 	}))
 
-	time.Sleep(350 * time.Millisecond) // the lease expires, unrenewed
+	_, err = clock.Advance(ctx, db.Pool, 11*time.Second) // the lease expires, unrenewed
+	require.NoError(t, err)
 	// The takeover waits for the fenced transaction: with a lock timeout it fails.
 	err = withLockTimeout(ctx, db.Pool, 300*time.Millisecond, func(tx pgx.Tx) error {
 		_, err := lease.AcquireMany(ctx, tx, []string{"shard/0"}, "b", time.Minute)

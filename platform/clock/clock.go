@@ -31,6 +31,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
@@ -139,6 +141,18 @@ func (a *Anchor) Sample(ctx context.Context, db pg.DBTX) error {
 		dbAt time.Time
 		mode string
 	)
+	// From a pool, take the connection first: only the round trip is timed. A
+	// wait for a busy pool's connection, timed too, would move the midpoint
+	// below away from the server's reading by half the wait, and a wait over
+	// 2 s would read as CLOCK_SKEW.
+	if p, ok := db.(acquirer); ok {
+		conn, err := p.Acquire(ctx)
+		if err != nil {
+			return pg.Translate(fmt.Errorf("error sampling the database clock: %w", err))
+		}
+		defer conn.Release()
+		db = conn
+	}
 	before := time.Now()
 	err := db.QueryRow(ctx, "SELECT compute_now(), compute_clock_mode()").Scan(&dbAt, &mode)
 	after := time.Now()
@@ -167,6 +181,11 @@ func (a *Anchor) Sample(ctx context.Context, db pg.DBTX) error {
 		return fault.New(fault.ClockSkew, "this process's clock is %s off the database's (limit %s)", -a.wallSkew, MaxSkew)
 	}
 	return nil
+}
+
+// acquirer is a connection pool (*pgxpool.Pool, and pg.Pool through it).
+type acquirer interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
 // Now returns the business time: compute_now() at the last sample plus the time

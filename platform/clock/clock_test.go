@@ -285,3 +285,47 @@ func TestConcurrentAdvancesAddUp(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, now.Equal(start.Add(55*time.Second)), "got %s", now)
 }
+
+// TestSampleTimesOnlyTheRoundTrip: a sample taken from a pool whose only
+// connection is busy for 3 s is not CLOCK_SKEW: the wait for the connection is
+// not part of the measured round trip (it would move the estimate of when the
+// server read its clock by half the wait, 1.5 s).
+func TestSampleTimesOnlyTheRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	pool, err := pg.Open(ctx, pg.Options{URL: db.URL, MaxConns: 1})
+	require.NoError(t, err)
+	defer pool.Close()
+
+	var a clock.Anchor
+	require.NoError(t, a.Sample(ctx, pool))
+	busy, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	sampled := make(chan error, 1)
+	go func() { sampled <- a.Sample(ctx, pool) }()
+	waitFor(t, 30*time.Second, "the sample waiting for the pool's connection", func() bool {
+		return pool.Stat().EmptyAcquireCount() > 0
+	})
+	// The pool stays busy this long: the condition under test, not a wait for
+	// an event.
+	time.Sleep(3 * time.Second)
+	busy.Release()
+	err = <-sampled
+	require.NoError(t, err, "a sample that waited 3 s for a connection")
+	skew, _ := a.Skew()
+	require.Less(t, skew.Abs(), clock.MaxSkew)
+}
+
+// waitFor polls cond every 10 ms until it holds, failing with msg after
+// timeout.
+func waitFor(t *testing.T, timeout time.Duration, msg string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for: %s", timeout, msg)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

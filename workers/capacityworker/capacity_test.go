@@ -125,61 +125,66 @@ func TestHoldExpiresOnceUnderTheSimClock(t *testing.T) {
 }
 
 // TestReleaseRacesExpiry releases lapsed holds while their expiry jobs run: each
-// ends exactly once, released or expired, and the quota is refunded once.
+// ends exactly once, released or expired, and the quota is refunded once. Rounds
+// repeat (at most 10) until both outcomes of the race have occurred, so the test
+// proves that each is handled, not only one.
 func TestReleaseRacesExpiry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const n = 24
 	db := setup(t, n, nil)
-	var ids []int64
-	for i := 0; i < n; i++ {
-		ids = append(ids, reserve(t, db, 1, 500*time.Millisecond).ID)
-	}
-	_, err := clock.Advance(ctx, db.Pool, time.Second)
-	require.NoError(t, err)
-
-	var wg sync.WaitGroup
-	released := make([]bool, n)
-	for i, id := range ids {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			time.Sleep(time.Duration(i%8) * 150 * time.Millisecond) // spread over the jobs' runs
-			err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-				_, err := capacity.ReleaseTx(ctx, tx, &capacity.ReleaseParams{ReservationID: id})
-				return err
-			})
-			switch {
-			case err == nil:
-				released[i] = true
-			case !fault.Has(err, fault.Conflict):
-				t.Errorf("release %d: %v", id, err)
-			}
-		}()
-	}
-	wg.Wait()
-	workertest.WaitFor(t, 60*time.Second, "every hold ended", func() bool {
-		return db.MustCount(t, `SELECT count(*) FROM capacity_reservations WHERE state = 'hold'`) == 0
-	})
 	var byRelease, byExpiry int
-	for i, id := range ids {
-		r, err := capacity.Get(ctx, db.Pool, id)
-		require.NoError(t, err)
-		require.Equal(t, int64(2), r.Version, "reservation %d changed state once", id)
-		if released[i] {
-			require.Equal(t, capacity.Released, r.State)
-			byRelease++
-		} else {
-			require.Equal(t, capacity.Expired, r.State, "a release that got CONFLICT lost to the expiry")
-			byExpiry++
+	for round := 1; byRelease == 0 || byExpiry == 0; round++ {
+		require.LessOrEqual(t, round, 10, "after %d rounds, %d released and %d expired: the race never went both ways", round-1, byRelease, byExpiry)
+		var ids []int64
+		for i := 0; i < n; i++ {
+			ids = append(ids, reserve(t, db, 1, 500*time.Millisecond).ID)
 		}
+		_, err := clock.Advance(ctx, db.Pool, time.Second)
+		require.NoError(t, err)
+
+		var wg sync.WaitGroup
+		released := make([]bool, n)
+		for i, id := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				time.Sleep(time.Duration(i%8) * 150 * time.Millisecond) // spread over the jobs' runs
+				err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+					_, err := capacity.ReleaseTx(ctx, tx, &capacity.ReleaseParams{ReservationID: id})
+					return err
+				})
+				switch {
+				case err == nil:
+					released[i] = true
+				case !fault.Has(err, fault.Conflict):
+					t.Errorf("release %d: %v", id, err)
+				}
+			}()
+		}
+		wg.Wait()
+		workertest.WaitFor(t, 60*time.Second, "every hold ended", func() bool {
+			return db.MustCount(t, `SELECT count(*) FROM capacity_reservations WHERE state = 'hold'`) == 0
+		})
+		for i, id := range ids {
+			r, err := capacity.Get(ctx, db.Pool, id)
+			require.NoError(t, err)
+			require.Equal(t, int64(2), r.Version, "reservation %d changed state once", id)
+			if released[i] {
+				require.Equal(t, capacity.Released, r.State)
+				byRelease++
+			} else {
+				require.Equal(t, capacity.Expired, r.State, "a release that got CONFLICT lost to the expiry")
+				byExpiry++
+			}
+		}
+		t.Logf("round %d: %d released, %d expired so far", round, byRelease, byExpiry)
+		q, _ := capacity.GetQuota(ctx, db.Pool, "acme", "p")
+		require.Equal(t, 0, q.Used, "refunded once each")
+		c, _ := capacity.Capacity(ctx, db.Pool, "p")
+		require.Zero(t, c.Holds)
+		require.Zero(t, db.MustCount(t, `SELECT count(*) FROM capacity_node_resources WHERE holds <> 0 OR confirmed <> 0`))
 	}
-	t.Logf("%d released, %d expired", byRelease, byExpiry)
-	q, _ := capacity.GetQuota(ctx, db.Pool, "acme", "p")
-	require.Equal(t, 0, q.Used, "refunded once each")
-	c, _ := capacity.Capacity(ctx, db.Pool, "p")
-	require.Zero(t, c.Holds)
-	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM capacity_node_resources WHERE holds <> 0 OR confirmed <> 0`))
 }
 
 // TestSweepReenqueuesALostExpiry cancels a hold's expiry job, as an operator

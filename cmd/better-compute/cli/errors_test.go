@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"regexp"
@@ -92,6 +93,30 @@ func TestEveryErrorIsOneLine(t *testing.T) {
 			require.NotContains(t, r.Stdout+r.Stderr, secret)
 		})
 	}
+}
+
+// TestUnexpectedFailuresAreInternalError: a failure no code names (an
+// application command's plain error, a database error the CLI does not expect:
+// here a column missing from a table `sinks list` reads) ends with one line
+// INTERNAL_ERROR: message, exit 1.
+func TestUnexpectedFailuresAreInternalError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	env := []string{"BETTER_COMPUTE_DATABASE_URL=" + db.URL, "BETTER_COMPUTE_LOG_FORMAT=json"}
+
+	app := cli.App{Name: "shop", Commands: []cli.Command{{Name: "explode", Summary: "fail unexpectedly",
+		Run: func(ctx context.Context, c *cli.CommandContext, args []string) error {
+			return fmt.Errorf("reading the orders: %w", errors.New("the disk caught fire"))
+		}}}}
+	r := clitest.Run(t, ctx, app, env, "explode")
+	last := requireOneLineError(t, r, "INTERNAL_ERROR", 1)
+	require.Contains(t, last, "the disk caught fire")
+
+	db.MustExec(t, `ALTER TABLE compute_sinks DROP COLUMN paused`)
+	r = clitest.Run(t, ctx, cli.App{}, env, "sinks", "list")
+	last = requireOneLineError(t, r, "INTERNAL_ERROR", 1)
+	require.Contains(t, last, "paused")
 }
 
 // refusedPort is a local port nothing listens on (it was free a moment ago), so
