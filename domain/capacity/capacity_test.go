@@ -2,11 +2,13 @@ package capacity_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/domain/capacity"
@@ -465,4 +467,88 @@ func TestInvalidArguments(t *testing.T) {
 	require.True(t, fault.Has(err, fault.NotFound), "%v", err)
 	require.True(t, fault.Has(capacity.AddNode(ctx, db.Pool, &capacity.AddNodeParams{PoolID: "nope", NodeID: "x"}), fault.NotFound))
 	require.True(t, fault.Has(capacity.CreatePool(ctx, db.Pool, &capacity.CreatePoolParams{PoolID: "p"}), fault.Conflict))
+}
+
+// TestReserveErrorKeepsTheCallersWrites: the caller writes in its transaction,
+// then ReserveTx fails (each way it can: no quota, quota exhausted, too few
+// devices after the quota was charged, a linked reservation with no link free);
+// the caller goes on in the same transaction and commits. Its writes, before and
+// after the failure, are there; nothing of the failed reservation is (no
+// reservation, booking, expiry job or quota charge): the savepoint rolled back
+// the reservation alone.
+func TestReserveErrorKeepsTheCallersWrites(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	makePool(t, db, poolSpec{ID: "p", Nodes: 1, PerNode: 2, Tenants: map[string]int{"acme": 1, "big": 5},
+		Links: map[string][]int{"pair": {0, 1}}})
+	db.MustExec(t, `CREATE TABLE caller_writes (id int PRIMARY KEY, note text NOT NULL)`)
+	start, end := hours(0, 1)
+	// acme uses its whole quota of 1, on one of the two devices.
+	_, err := reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 1, Start: start, End: end, TTL: time.Hour})
+	require.NoError(t, err)
+
+	counts := func() [4]int {
+		return [4]int{
+			db.MustCount(t, `SELECT count(*) FROM capacity_reservations`),
+			db.MustCount(t, `SELECT count(*) FROM capacity_bookings`),
+			db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry'`),
+			db.MustCount(t, `SELECT coalesce(sum(used), 0) FROM capacity_quota_usage`),
+		}
+	}
+	before := counts()
+	for i, c := range []struct {
+		name string
+		p    capacity.ReserveParams
+		want fault.Code
+	}{
+		{"no quota", capacity.ReserveParams{Tenant: "nobody", Devices: 1}, fault.NotFound},
+		{"quota exhausted", capacity.ReserveParams{Tenant: "acme", Devices: 1}, fault.Conflict},
+		{"too few devices, after charging the quota", capacity.ReserveParams{Tenant: "big", Devices: 2}, fault.Conflict},
+		{"no link free, after charging the quota", capacity.ReserveParams{Tenant: "big", Devices: 2, Linked: true}, fault.Conflict},
+	} {
+		c.p.PoolID, c.p.Start, c.p.End, c.p.TTL = "p", start, end, time.Hour
+		err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO caller_writes VALUES ($1, 'before')`, 2*i); err != nil {
+				return err
+			}
+			_, err := capacity.ReserveTx(ctx, tx, &c.p)
+			require.Equal(t, c.want, fault.CodeOf(err), "%s: %v", c.name, err)
+			_, err = tx.Exec(ctx, `INSERT INTO caller_writes VALUES ($1, 'after')`, 2*i+1)
+			return err
+		})
+		require.NoError(t, err, "%s: the caller's transaction goes on and commits", c.name)
+		require.Equal(t, 2*(i+1), db.MustCount(t, `SELECT count(*) FROM caller_writes`), "%s: the caller's writes before and after the error committed", c.name)
+		require.Equal(t, before, counts(), "%s: reservations, bookings, expiry jobs and quota usage as before", c.name)
+	}
+	checkInvariants(t, db, "end")
+}
+
+// TestQuotaCheckConstraint: the quota's CHECK (0 <= used <= quota_limit) refuses
+// a direct write that would break it, whatever the code does (SQLSTATE 23514),
+// and SetQuota turns it into CONFLICT.
+func TestQuotaCheckConstraint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	makePool(t, db, poolSpec{ID: "p", Nodes: 1, PerNode: 4, Tenants: map[string]int{"acme": 2}})
+	start, end := hours(0, 1)
+	_, err := reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 2, Start: start, End: end, TTL: time.Hour})
+	require.NoError(t, err)
+
+	for _, set := range []string{"used = used + 1", "quota_limit = 1", "used = -1"} {
+		_, err := db.Exec(ctx, `UPDATE capacity_quota_usage SET `+set+` WHERE tenant = 'acme' AND pool_id = 'p'`)
+		require.Equal(t, "23514", pg.SQLState(err), "SET %s: %v", set, err)
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr))
+		require.Equal(t, "capacity_quota_within_limit", pgErr.ConstraintName, "SET %s", set)
+	}
+	err = capacity.SetQuota(ctx, db.Pool, &capacity.SetQuotaParams{Tenant: "acme", PoolID: "p", Limit: 1})
+	require.Equal(t, fault.Conflict, fault.CodeOf(err), "a limit below the usage, through the API: %v", err)
+	require.Equal(t, "23514", pg.SQLState(err), "refused by the CHECK: %v", err)
+	q, err := capacity.GetQuota(ctx, db.Pool, "acme", "p")
+	require.NoError(t, err)
+	require.Equal(t, 2, q.Limit)
+	require.Equal(t, 2, q.Used)
+	checkInvariants(t, db, "end")
 }
