@@ -139,7 +139,7 @@ func TestExpiryJobUnderTheSimClock(t *testing.T) {
 	}))
 	// The job is due in an hour of real time; make River run it now, as if the
 	// real and sim clocks disagreed: it must snooze, not expire the batch.
-	db.MustExec(t, `UPDATE river_job SET state = 'available', scheduled_at = clock_timestamp() WHERE id = $1`, *b.ExpireJobID)
+	db.MustExec(t, `UPDATE river_job SET state = 'available', scheduled_at = $2 WHERE id = $1`, *b.ExpireJobID, time.Now())
 	workertest.WaitFor(t, 60*time.Second, "the expiry job to run early and snooze", func() bool {
 		return db.MustCount(t, `SELECT coalesce((metadata->>'snoozes')::int, 0) FROM river_job WHERE id = $1`, *b.ExpireJobID) >= 1
 	})
@@ -263,4 +263,59 @@ func TestKillDuringApply(t *testing.T) {
 	require.Equal(t, "completed", state)
 	require.Equal(t, 2, attempt, "the killed attempt and the one that applied")
 	t.Logf("applied by attempt %d after the kill (backend %d of the child ended)", attempt, backend)
+}
+
+// TestNoApplierRetriedAsUnavailable: a committed batch whose kind has no
+// applier in the process is not applied, cancelled or discarded: its apply job
+// fails with UNAVAILABLE and is retried with backoff, the batch stays
+// committed; a process that knows the kind applies it.
+func TestNoApplierRetriedAsUnavailable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(t, effectsSQL)
+	leases := &workers.Options{LeaseTTL: 10 * time.Second, LeaseRenew: time.Second}
+	reg := workers.NewRegistry()
+	require.NoError(t, quorumworker.AddApplier(reg, "other", recordEffects))
+	rt := workertest.Start(t, db.Pool, reg, leases)
+
+	id := commitBatch(t, db.Pool, "effects", []any{"x"}, time.Now().Add(time.Hour))
+	type jobState struct {
+		State   string
+		Attempt int
+		Errors  []string
+	}
+	job := func() jobState {
+		var j jobState
+		require.NoError(t, db.QueryRow(ctx, `
+SELECT state::text, attempt, ARRAY(SELECT e->>'error' FROM jsonb_array_elements(to_jsonb(errors)) e)
+  FROM river_job WHERE kind = 'quorum_apply' AND (args->>'batch_id')::bigint = $1`, id).Scan(&j.State, &j.Attempt, &j.Errors))
+		return j
+	}
+	workertest.WaitFor(t, 60*time.Second, "the apply job to fail twice (retried)", func() bool { return len(job().Errors) >= 2 })
+	j := job()
+	require.Contains(t, []string{"retryable", "available", "running"}, j.State, "retried, not cancelled, discarded or completed: %+v", j)
+	for _, e := range j.Errors {
+		require.Regexp(t, `^UNAVAILABLE: no quorum applier for kind effects`, e)
+	}
+	b, err := quorum.Get(ctx, db.Pool, id)
+	require.NoError(t, err)
+	require.Equal(t, quorum.Committed, b.State, "the batch waits for an applier")
+	rows, _ := effectsOf(t, db, id)
+	require.Zero(t, rows)
+
+	// A process that knows the kind takes the shards over and applies it (the
+	// job made due at once, rather than after its backoff).
+	require.NoError(t, rt.Stop(ctx))
+	reg2 := workers.NewRegistry()
+	require.NoError(t, quorumworker.AddApplier(reg2, "effects", recordEffects))
+	workertest.Start(t, db.Pool, reg2, leases)
+	db.MustExec(t, `UPDATE river_job SET scheduled_at = $2 WHERE kind = 'quorum_apply' AND (args->>'batch_id')::bigint = $1 AND state = 'retryable'`, id, time.Now())
+	workertest.WaitFor(t, 60*time.Second, "the batch applied by the process that has its applier", func() bool {
+		b, err := quorum.Get(ctx, db.Pool, id)
+		require.NoError(t, err)
+		return b.State == quorum.Applied
+	})
+	rows, _ = effectsOf(t, db, id)
+	require.Equal(t, 1, rows)
 }
