@@ -126,60 +126,68 @@ func TestHoldExpiresOnceUnderTheSimClock(t *testing.T) {
 
 // TestReleaseRacesExpiry releases lapsed holds while their expiry jobs run: each
 // ends exactly once, released or expired, and the quota is refunded once.
+// Rounds of holds repeat (at most maxRounds) until both outcomes have occurred:
+// a release that won and one that lost to the expiry (CONFLICT).
 func TestReleaseRacesExpiry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	const n = 24
+	const n, maxRounds = 24, 10
 	db := setup(t, n, nil)
-	var ids []int64
-	for i := 0; i < n; i++ {
-		ids = append(ids, reserve(t, db, 1, 500*time.Millisecond).ID)
-	}
-	_, err := clock.Advance(ctx, db.Pool, time.Second)
-	require.NoError(t, err)
-
-	var wg sync.WaitGroup
-	released := make([]bool, n)
-	for i, id := range ids {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			time.Sleep(time.Duration(i%8) * 150 * time.Millisecond) // spread over the jobs' runs
-			err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-				_, err := capacity.ReleaseTx(ctx, tx, &capacity.ReleaseParams{ReservationID: id})
-				return err
-			})
-			switch {
-			case err == nil:
-				released[i] = true
-			case !fault.Has(err, fault.Conflict):
-				t.Errorf("release %d: %v", id, err)
-			}
-		}()
-	}
-	wg.Wait()
-	workertest.WaitFor(t, 60*time.Second, "every hold ended", func() bool {
-		return db.MustCount(t, `SELECT count(*) FROM capacity_reservations WHERE state = 'hold'`) == 0
-	})
 	var byRelease, byExpiry int
-	for i, id := range ids {
-		r, err := capacity.Get(ctx, db.Pool, id)
-		require.NoError(t, err)
-		require.Equal(t, int64(2), r.Version, "reservation %d changed state once", id)
-		if released[i] {
-			require.Equal(t, capacity.Released, r.State)
-			byRelease++
-		} else {
-			require.Equal(t, capacity.Expired, r.State, "a release that got CONFLICT lost to the expiry")
-			byExpiry++
+	for round := 1; round <= maxRounds && (byRelease == 0 || byExpiry == 0); round++ {
+		var ids []int64
+		for i := 0; i < n; i++ {
+			ids = append(ids, reserve(t, db, 1, 500*time.Millisecond).ID)
 		}
+		_, err := clock.Advance(ctx, db.Pool, time.Second)
+		require.NoError(t, err)
+
+		var wg sync.WaitGroup
+		released := make([]bool, n)
+		for i, id := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Not a wait: spreads the releases over the expiry jobs' runs
+				// (due 0.5 s after each reservation, in real time).
+				time.Sleep(time.Duration(i%8) * 150 * time.Millisecond)
+				err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+					_, err := capacity.ReleaseTx(ctx, tx, &capacity.ReleaseParams{ReservationID: id})
+					return err
+				})
+				switch {
+				case err == nil:
+					released[i] = true
+				case !fault.Has(err, fault.Conflict):
+					t.Errorf("release %d: %v", id, err)
+				}
+			}()
+		}
+		wg.Wait()
+		workertest.WaitFor(t, 60*time.Second, "every hold ended", func() bool {
+			return db.MustCount(t, `SELECT count(*) FROM capacity_reservations WHERE state = 'hold'`) == 0
+		})
+		for i, id := range ids {
+			r, err := capacity.Get(ctx, db.Pool, id)
+			require.NoError(t, err)
+			require.Equal(t, int64(2), r.Version, "reservation %d changed state once", id)
+			if released[i] {
+				require.Equal(t, capacity.Released, r.State)
+				byRelease++
+			} else {
+				require.Equal(t, capacity.Expired, r.State, "a release that got CONFLICT lost to the expiry")
+				byExpiry++
+			}
+		}
+		t.Logf("round %d: %d released, %d expired so far", round, byRelease, byExpiry)
+		q, _ := capacity.GetQuota(ctx, db.Pool, "acme", "p")
+		require.Equal(t, 0, q.Used, "refunded once each")
+		c, _ := capacity.Capacity(ctx, db.Pool, "p")
+		require.Zero(t, c.Holds)
+		require.Zero(t, db.MustCount(t, `SELECT count(*) FROM capacity_node_resources WHERE holds <> 0 OR confirmed <> 0`))
 	}
-	t.Logf("%d released, %d expired", byRelease, byExpiry)
-	q, _ := capacity.GetQuota(ctx, db.Pool, "acme", "p")
-	require.Equal(t, 0, q.Used, "refunded once each")
-	c, _ := capacity.Capacity(ctx, db.Pool, "p")
-	require.Zero(t, c.Holds)
-	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM capacity_node_resources WHERE holds <> 0 OR confirmed <> 0`))
+	require.Positive(t, byRelease, "a release won the race")
+	require.Positive(t, byExpiry, "an expiry won the race")
 }
 
 // TestSweepReenqueuesALostExpiry cancels a hold's expiry job, as an operator
