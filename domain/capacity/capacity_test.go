@@ -3,7 +3,9 @@ package capacity_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
 func TestReserveConfirmExtendRelease(t *testing.T) {
@@ -126,7 +129,10 @@ SELECT r.id, 'p-n0-d00', 'p-n0', 'p', 'acme', tstzrange($1, $2), $3 FROM r`, fro
 	require.NoError(t, insertIn(tx1, t0.Add(5*time.Hour), t0.Add(6*time.Hour), "hold"))
 	errc := make(chan error, 1)
 	go func() { errc <- insert(t0.Add(5*time.Hour), t0.Add(7*time.Hour), "hold") }()
-	time.Sleep(100 * time.Millisecond) // let the second one reach the constraint and wait
+	workertest.WaitFor(t, 30*time.Second, "the second insert to wait on the first (the constraint's check)", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'
+		                         AND query LIKE '%INSERT INTO capacity_bookings%'`) == 1
+	})
 	require.NoError(t, tx1.Commit(ctx))
 	err = <-errc
 	require.Equal(t, "23P01", pg.SQLState(err), "the concurrent overlapping booking: %v", err)
@@ -270,40 +276,63 @@ func TestOnlyActiveNodesTakeBookings(t *testing.T) {
 }
 
 // TestDrainRacesReservations drains a node while reservations book it: every
-// booking of the node committed before the drain did, none after.
+// booking of the node committed before the drain did, none after. Rounds (the
+// node reactivated, new ranges) repeat until both sides of the race occurred:
+// bookings committed before the drain, and reservations refused (CONFLICT)
+// after it.
 func TestDrainRacesReservations(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	makePool(t, db, poolSpec{ID: "p", Nodes: 1, PerNode: 16, Tenants: map[string]int{"acme": 100}})
-	var wg sync.WaitGroup
-	for i := 0; i < 16; i++ {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			start, end := hours(i, i+1)
-			for j := 0; j < 4; j++ {
-				_, err := reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 1, Start: start, End: end, TTL: time.Minute})
-				if err != nil && !fault.Has(err, fault.Conflict) {
-					t.Errorf("reserve: %v", err)
+	makePool(t, db, poolSpec{ID: "p", Nodes: 1, PerNode: 16, Tenants: map[string]int{"acme": 10000}})
+	const maxRounds = 10
+	var before, refused int
+	for round := 0; round < maxRounds && (before == 0 || refused == 0); round++ {
+		require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+			return capacity.SetNodeStateTx(ctx, tx, &capacity.SetNodeStateParams{NodeID: "p-n0", State: capacity.NodeActive})
+		}))
+		total := db.MustCount(t, `SELECT count(*) FROM capacity_bookings WHERE node_id = 'p-n0'`)
+		var wg sync.WaitGroup
+		var conflicts atomic.Int64
+		for i := 0; i < 16; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				// Each client its own hour: only the drain refuses a reservation.
+				start, end := hours(100*round+i, 100*round+i+1)
+				for j := 0; j < 4; j++ {
+					_, err := reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 1, Start: start, End: end, TTL: time.Minute})
+					switch {
+					case fault.Has(err, fault.Conflict):
+						conflicts.Add(1)
+					case err != nil:
+						t.Errorf("reserve: %v", err)
+					}
 				}
-			}
-		}(i)
-	}
-	time.Sleep(20 * time.Millisecond)
-	// The drain holds the node's devices when it counts: every booking committed
-	// before it is counted, and none may commit after it.
-	var atDrain int
-	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		if err := capacity.SetNodeStateTx(ctx, tx, &capacity.SetNodeStateParams{NodeID: "p-n0", State: capacity.NodeDraining}); err != nil {
-			return err
+			}(i)
 		}
-		return tx.QueryRow(ctx, `SELECT count(*) FROM capacity_bookings WHERE node_id = 'p-n0'`).Scan(&atDrain)
-	}))
-	wg.Wait()
-	require.Equal(t, atDrain, db.MustCount(t, `SELECT count(*) FROM capacity_bookings WHERE node_id = 'p-n0'`),
-		"a booking of the node committed after the drain")
-	checkInvariants(t, db, "end")
+		workertest.WaitFor(t, 30*time.Second, "a booking of the round to commit", func() bool {
+			return db.MustCount(t, `SELECT count(*) FROM capacity_bookings WHERE node_id = 'p-n0'`) > total
+		})
+		// The drain holds the node's devices when it counts: every booking committed
+		// before it is counted, and none may commit after it.
+		var atDrain int
+		require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+			if err := capacity.SetNodeStateTx(ctx, tx, &capacity.SetNodeStateParams{NodeID: "p-n0", State: capacity.NodeDraining}); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, `SELECT count(*) FROM capacity_bookings WHERE node_id = 'p-n0'`).Scan(&atDrain)
+		}))
+		wg.Wait()
+		require.Equal(t, atDrain, db.MustCount(t, `SELECT count(*) FROM capacity_bookings WHERE node_id = 'p-n0'`),
+			"a booking of the node committed after the drain")
+		before += atDrain - total
+		refused += int(conflicts.Load())
+		t.Logf("round %d: %d booked before the drain, %d refused after it", round, atDrain-total, conflicts.Load())
+		checkInvariants(t, db, fmt.Sprintf("round %d", round))
+	}
+	require.Positive(t, before, "bookings committed before the drain")
+	require.Positive(t, refused, "reservations refused after the drain")
 }
 
 func TestLinkedReservation(t *testing.T) {

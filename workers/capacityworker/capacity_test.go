@@ -202,9 +202,11 @@ func TestSweepReenqueuesALostExpiry(t *testing.T) {
 
 	_, err := clock.Advance(ctx, db.Pool, time.Hour+30*time.Second)
 	require.NoError(t, err)
-	// Due, but not overdue by the grace period: the sweep leaves it alone.
-	workertest.WaitFor(t, 60*time.Second, "a sweep to run", func() bool {
-		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_expiry_sweep' AND state = 'completed'`) >= 1
+	// Due, but not overdue by the grace period: the sweep leaves it alone (two
+	// sweeps, so that one started after the advance).
+	before := db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_expiry_sweep' AND state = 'completed'`)
+	workertest.WaitFor(t, 60*time.Second, "two sweeps after the advance", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_expiry_sweep' AND state = 'completed'`) >= before+2
 	})
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry'`))
 
