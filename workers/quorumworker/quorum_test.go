@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -303,11 +304,24 @@ SELECT state::text, attempt, ARRAY(SELECT e->>'error' FROM jsonb_array_elements(
   FROM river_job WHERE kind = 'quorum_apply' AND (args->>'batch_id')::bigint = $1`, id).Scan(&j.State, &j.Attempt, &j.Errors))
 		return j
 	}
-	workertest.WaitFor(t, 60*time.Second, "the apply job to fail twice (retried)", func() bool { return len(job().Errors) >= 2 })
+	unavailable := regexp.MustCompile(`^UNAVAILABLE: no quorum applier for kind effects`)
+	failures := func(j jobState) int {
+		n := 0
+		for _, e := range j.Errors {
+			if unavailable.MatchString(e) {
+				n++
+			}
+		}
+		return n
+	}
+	workertest.WaitFor(t, 60*time.Second, "the apply job to fail twice with UNAVAILABLE (retried)", func() bool { return failures(job()) >= 2 })
 	j := job()
 	require.Contains(t, []string{"retryable", "available", "running"}, j.State, "retried, not cancelled, discarded or completed: %+v", j)
 	for _, e := range j.Errors {
-		require.Regexp(t, `^UNAVAILABLE: no quorum applier for kind effects`, e)
+		// Besides UNAVAILABLE, only a hand-back by the shard's holder (an
+		// attempt whose outcome River had not recorded yet at a lease round)
+		// may show, and it carries no code.
+		require.False(t, !unavailable.MatchString(e) && regexp.MustCompile(`^[A-Z_]+: `).MatchString(e), "an error of another code: %s", e)
 	}
 	b, err := quorum.Get(ctx, db.Pool, id)
 	require.NoError(t, err)
