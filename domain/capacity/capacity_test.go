@@ -223,10 +223,14 @@ func TestQuota(t *testing.T) {
 	_, err = reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 1, Start: start, End: end, TTL: time.Minute})
 	require.NoError(t, err)
 
-	// Too few devices: CONFLICT, and the quota charge is rolled back with it.
+	// Too few devices: CONFLICT, and the quota charge is rolled back with it,
+	// even though the caller's transaction commits.
 	require.NoError(t, capacity.SetQuota(ctx, db.Pool, &capacity.SetQuotaParams{Tenant: "acme", PoolID: "p", Limit: 10}))
-	_, err = reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 2, Start: start, End: end, TTL: time.Minute})
-	require.True(t, fault.Has(err, fault.Conflict), "one device left: %v", err)
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := capacity.ReserveTx(ctx, tx, &capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 2, Start: start, End: end, TTL: time.Minute})
+		require.True(t, fault.Has(err, fault.Conflict), "one device left: %v", err)
+		return nil
+	}))
 	q, _ := capacity.GetQuota(ctx, db.Pool, "acme", "p")
 	require.Equal(t, 3, q.Used)
 	checkInvariants(t, db, "end")
