@@ -2,11 +2,15 @@ package capacity_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/domain/capacity"
@@ -14,6 +18,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
 func TestReserveConfirmExtendRelease(t *testing.T) {
@@ -124,7 +129,10 @@ SELECT r.id, 'p-n0-d00', 'p-n0', 'p', 'acme', tstzrange($1, $2), $3 FROM r`, fro
 	require.NoError(t, insertIn(tx1, t0.Add(5*time.Hour), t0.Add(6*time.Hour), "hold"))
 	errc := make(chan error, 1)
 	go func() { errc <- insert(t0.Add(5*time.Hour), t0.Add(7*time.Hour), "hold") }()
-	time.Sleep(100 * time.Millisecond) // let the second one reach the constraint and wait
+	workertest.WaitFor(t, 30*time.Second, "the second insert to wait on the first (the constraint's check)", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'
+		                         AND query LIKE '%INSERT INTO capacity_bookings%'`) == 1
+	})
 	require.NoError(t, tx1.Commit(ctx))
 	err = <-errc
 	require.Equal(t, "23P01", pg.SQLState(err), "the concurrent overlapping booking: %v", err)
@@ -215,10 +223,14 @@ func TestQuota(t *testing.T) {
 	_, err = reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 1, Start: start, End: end, TTL: time.Minute})
 	require.NoError(t, err)
 
-	// Too few devices: CONFLICT, and the quota charge is rolled back with it.
+	// Too few devices: CONFLICT, and the quota charge is rolled back with it,
+	// even though the caller's transaction commits.
 	require.NoError(t, capacity.SetQuota(ctx, db.Pool, &capacity.SetQuotaParams{Tenant: "acme", PoolID: "p", Limit: 10}))
-	_, err = reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 2, Start: start, End: end, TTL: time.Minute})
-	require.True(t, fault.Has(err, fault.Conflict), "one device left: %v", err)
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := capacity.ReserveTx(ctx, tx, &capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 2, Start: start, End: end, TTL: time.Minute})
+		require.True(t, fault.Has(err, fault.Conflict), "one device left: %v", err)
+		return nil
+	}))
 	q, _ := capacity.GetQuota(ctx, db.Pool, "acme", "p")
 	require.Equal(t, 3, q.Used)
 	checkInvariants(t, db, "end")
@@ -268,40 +280,63 @@ func TestOnlyActiveNodesTakeBookings(t *testing.T) {
 }
 
 // TestDrainRacesReservations drains a node while reservations book it: every
-// booking of the node committed before the drain did, none after.
+// booking of the node committed before the drain did, none after. Rounds (the
+// node reactivated, new ranges) repeat until both sides of the race occurred:
+// bookings committed before the drain, and reservations refused (CONFLICT)
+// after it.
 func TestDrainRacesReservations(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	makePool(t, db, poolSpec{ID: "p", Nodes: 1, PerNode: 16, Tenants: map[string]int{"acme": 100}})
-	var wg sync.WaitGroup
-	for i := 0; i < 16; i++ {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			start, end := hours(i, i+1)
-			for j := 0; j < 4; j++ {
-				_, err := reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 1, Start: start, End: end, TTL: time.Minute})
-				if err != nil && !fault.Has(err, fault.Conflict) {
-					t.Errorf("reserve: %v", err)
+	makePool(t, db, poolSpec{ID: "p", Nodes: 1, PerNode: 16, Tenants: map[string]int{"acme": 10000}})
+	const maxRounds = 10
+	var before, refused int
+	for round := 0; round < maxRounds && (before == 0 || refused == 0); round++ {
+		require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+			return capacity.SetNodeStateTx(ctx, tx, &capacity.SetNodeStateParams{NodeID: "p-n0", State: capacity.NodeActive})
+		}))
+		total := db.MustCount(t, `SELECT count(*) FROM capacity_bookings WHERE node_id = 'p-n0'`)
+		var wg sync.WaitGroup
+		var conflicts atomic.Int64
+		for i := 0; i < 16; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				// Each client its own hour: only the drain refuses a reservation.
+				start, end := hours(100*round+i, 100*round+i+1)
+				for j := 0; j < 4; j++ {
+					_, err := reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 1, Start: start, End: end, TTL: time.Minute})
+					switch {
+					case fault.Has(err, fault.Conflict):
+						conflicts.Add(1)
+					case err != nil:
+						t.Errorf("reserve: %v", err)
+					}
 				}
-			}
-		}(i)
-	}
-	time.Sleep(20 * time.Millisecond)
-	// The drain holds the node's devices when it counts: every booking committed
-	// before it is counted, and none may commit after it.
-	var atDrain int
-	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		if err := capacity.SetNodeStateTx(ctx, tx, &capacity.SetNodeStateParams{NodeID: "p-n0", State: capacity.NodeDraining}); err != nil {
-			return err
+			}(i)
 		}
-		return tx.QueryRow(ctx, `SELECT count(*) FROM capacity_bookings WHERE node_id = 'p-n0'`).Scan(&atDrain)
-	}))
-	wg.Wait()
-	require.Equal(t, atDrain, db.MustCount(t, `SELECT count(*) FROM capacity_bookings WHERE node_id = 'p-n0'`),
-		"a booking of the node committed after the drain")
-	checkInvariants(t, db, "end")
+		workertest.WaitFor(t, 30*time.Second, "a booking of the round to commit", func() bool {
+			return db.MustCount(t, `SELECT count(*) FROM capacity_bookings WHERE node_id = 'p-n0'`) > total
+		})
+		// The drain holds the node's devices when it counts: every booking committed
+		// before it is counted, and none may commit after it.
+		var atDrain int
+		require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+			if err := capacity.SetNodeStateTx(ctx, tx, &capacity.SetNodeStateParams{NodeID: "p-n0", State: capacity.NodeDraining}); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, `SELECT count(*) FROM capacity_bookings WHERE node_id = 'p-n0'`).Scan(&atDrain)
+		}))
+		wg.Wait()
+		require.Equal(t, atDrain, db.MustCount(t, `SELECT count(*) FROM capacity_bookings WHERE node_id = 'p-n0'`),
+			"a booking of the node committed after the drain")
+		before += atDrain - total
+		refused += int(conflicts.Load())
+		t.Logf("round %d: %d booked before the drain, %d refused after it", round, atDrain-total, conflicts.Load())
+		checkInvariants(t, db, fmt.Sprintf("round %d", round))
+	}
+	require.Positive(t, before, "bookings committed before the drain")
+	require.Positive(t, refused, "reservations refused after the drain")
 }
 
 func TestLinkedReservation(t *testing.T) {
@@ -465,4 +500,88 @@ func TestInvalidArguments(t *testing.T) {
 	require.True(t, fault.Has(err, fault.NotFound), "%v", err)
 	require.True(t, fault.Has(capacity.AddNode(ctx, db.Pool, &capacity.AddNodeParams{PoolID: "nope", NodeID: "x"}), fault.NotFound))
 	require.True(t, fault.Has(capacity.CreatePool(ctx, db.Pool, &capacity.CreatePoolParams{PoolID: "p"}), fault.Conflict))
+}
+
+// TestReserveErrorKeepsTheCallersWrites: the caller writes in its transaction,
+// then ReserveTx fails (each way it can: no quota, quota exhausted, too few
+// devices after the quota was charged, a linked reservation with no link free);
+// the caller goes on in the same transaction and commits. Its writes, before and
+// after the failure, are there; nothing of the failed reservation is (no
+// reservation, booking, expiry job or quota charge): the savepoint rolled back
+// the reservation alone.
+func TestReserveErrorKeepsTheCallersWrites(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	makePool(t, db, poolSpec{ID: "p", Nodes: 1, PerNode: 2, Tenants: map[string]int{"acme": 1, "big": 5},
+		Links: map[string][]int{"pair": {0, 1}}})
+	db.MustExec(t, `CREATE TABLE caller_writes (id int PRIMARY KEY, note text NOT NULL)`)
+	start, end := hours(0, 1)
+	// acme uses its whole quota of 1, on one of the two devices.
+	_, err := reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 1, Start: start, End: end, TTL: time.Hour})
+	require.NoError(t, err)
+
+	counts := func() [4]int {
+		return [4]int{
+			db.MustCount(t, `SELECT count(*) FROM capacity_reservations`),
+			db.MustCount(t, `SELECT count(*) FROM capacity_bookings`),
+			db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry'`),
+			db.MustCount(t, `SELECT coalesce(sum(used), 0) FROM capacity_quota_usage`),
+		}
+	}
+	before := counts()
+	for i, c := range []struct {
+		name string
+		p    capacity.ReserveParams
+		want fault.Code
+	}{
+		{"no quota", capacity.ReserveParams{Tenant: "nobody", Devices: 1}, fault.NotFound},
+		{"quota exhausted", capacity.ReserveParams{Tenant: "acme", Devices: 1}, fault.Conflict},
+		{"too few devices, after charging the quota", capacity.ReserveParams{Tenant: "big", Devices: 2}, fault.Conflict},
+		{"no link free, after charging the quota", capacity.ReserveParams{Tenant: "big", Devices: 2, Linked: true}, fault.Conflict},
+	} {
+		c.p.PoolID, c.p.Start, c.p.End, c.p.TTL = "p", start, end, time.Hour
+		err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO caller_writes VALUES ($1, 'before')`, 2*i); err != nil {
+				return err
+			}
+			_, err := capacity.ReserveTx(ctx, tx, &c.p)
+			require.Equal(t, c.want, fault.CodeOf(err), "%s: %v", c.name, err)
+			_, err = tx.Exec(ctx, `INSERT INTO caller_writes VALUES ($1, 'after')`, 2*i+1)
+			return err
+		})
+		require.NoError(t, err, "%s: the caller's transaction goes on and commits", c.name)
+		require.Equal(t, 2*(i+1), db.MustCount(t, `SELECT count(*) FROM caller_writes`), "%s: the caller's writes before and after the error committed", c.name)
+		require.Equal(t, before, counts(), "%s: reservations, bookings, expiry jobs and quota usage as before", c.name)
+	}
+	checkInvariants(t, db, "end")
+}
+
+// TestQuotaCheckConstraint: the quota's CHECK (0 <= used <= quota_limit) refuses
+// a direct write that would break it, whatever the code does (SQLSTATE 23514),
+// and SetQuota turns it into CONFLICT.
+func TestQuotaCheckConstraint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	makePool(t, db, poolSpec{ID: "p", Nodes: 1, PerNode: 4, Tenants: map[string]int{"acme": 2}})
+	start, end := hours(0, 1)
+	_, err := reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 2, Start: start, End: end, TTL: time.Hour})
+	require.NoError(t, err)
+
+	for _, set := range []string{"used = used + 1", "quota_limit = 1", "used = -1"} {
+		_, err := db.Exec(ctx, `UPDATE capacity_quota_usage SET `+set+` WHERE tenant = 'acme' AND pool_id = 'p'`)
+		require.Equal(t, "23514", pg.SQLState(err), "SET %s: %v", set, err)
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr))
+		require.Equal(t, "capacity_quota_within_limit", pgErr.ConstraintName, "SET %s", set)
+	}
+	err = capacity.SetQuota(ctx, db.Pool, &capacity.SetQuotaParams{Tenant: "acme", PoolID: "p", Limit: 1})
+	require.Equal(t, fault.Conflict, fault.CodeOf(err), "a limit below the usage, through the API: %v", err)
+	require.Equal(t, "23514", pg.SQLState(err), "refused by the CHECK: %v", err)
+	q, err := capacity.GetQuota(ctx, db.Pool, "acme", "p")
+	require.NoError(t, err)
+	require.Equal(t, 2, q.Limit)
+	require.Equal(t, 2, q.Used)
+	checkInvariants(t, db, "end")
 }

@@ -41,15 +41,17 @@ func tortureSizeFromEnv() (string, tortureSize) {
 	return "small", tortureSize{Clients: 32, Phases: 3, OpsPerPhase: 16, Nodes: 3, PerNode: 4, Tenants: 4, Quota: 5}
 }
 
-// tortureTTL is the holds' TTL; the sim clock moves tortureTick every
-// tortureTickEvery of real time during a phase, so holds lapse while clients
-// still confirm, extend and release them and the expiry jobs run. The sim clock
-// runs at twice real speed: shard leases expire by compute_now() too, and the
-// workers renew theirs (TTL 1.5 s) every 250 ms of real time.
+// tortureTTL is the holds' TTL; during a phase the sim clock moves every
+// tortureTickEvery by the real time elapsed, so holds lapse while clients still
+// confirm, extend and release them and the expiry jobs run. The sim clock runs
+// at real speed, never faster: shard leases expire by compute_now() too, and
+// the worker's (tortureLeaseTTL, renewed every tortureLeaseRenew of real time)
+// must not lapse because the machine is slow.
 const (
-	tortureTTL       = 2 * time.Second
-	tortureTick      = 100 * time.Millisecond
-	tortureTickEvery = 50 * time.Millisecond
+	tortureTTL        = 2 * time.Second
+	tortureTickEvery  = 50 * time.Millisecond
+	tortureLeaseTTL   = 10 * time.Second
+	tortureLeaseRenew = time.Second
 )
 
 // TestTorture runs many concurrent clients reserving, confirming, extending and
@@ -94,7 +96,8 @@ END $$`)
 	require.NoError(t, capacityworker.Register(reg, &capacityworker.Options{SweepEvery: -1}))
 	// The pool's expiry jobs all go to its shard: serve only that one, so the
 	// worker does not poll fifteen idle queues.
-	rt := workertest.Start(t, db.Pool, reg, &workers.Options{Shards: []int{jobs.ShardOf("p", pgtest.DefaultShardCount)}})
+	rt := workertest.Start(t, db.Pool, reg, &workers.Options{Shards: []int{jobs.ShardOf("p", pgtest.DefaultShardCount)},
+		LeaseTTL: tortureLeaseTTL, LeaseRenew: tortureLeaseRenew})
 
 	var (
 		stats     opStats
@@ -112,12 +115,15 @@ END $$`)
 			defer bg.Done()
 			tick := time.NewTicker(tortureTickEvery)
 			defer tick.Stop()
+			last := time.Now()
 			for {
 				select {
 				case <-stop:
 					return
 				case <-tick.C:
-					if _, err := clock.Advance(ctx, db.Pool, tortureTick); err != nil {
+					elapsed := time.Since(last)
+					last = last.Add(elapsed)
+					if _, err := clock.Advance(ctx, db.Pool, elapsed); err != nil {
 						t.Errorf("advancing the sim clock: %v", err)
 						return
 					}

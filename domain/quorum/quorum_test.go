@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,6 +25,11 @@ import (
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// contendedTimeout is the statement timeout of the tests whose voters queue on
+// one batch's row lock: on a loaded machine the last of 64 waits longer than
+// the default 15 s, which is not what those tests are about.
+const contendedTimeout = 2 * time.Minute
 
 var t0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
@@ -171,7 +177,7 @@ func TestRefusedVotesChangeNothing(t *testing.T) {
 func TestConcurrentVotersCommitOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.New(t, pgtest.Options{MaxConns: 40})
+	db := pgtest.New(t, pgtest.Options{MaxConns: 40, StatementTimeout: contendedTimeout})
 	const n, q = 64, 40
 	b := propose(t, db.Pool, quorum.ProposeParams{Kind: "k", Agent: "a", Voters: voters(n), Quorum: q, Deadline: time.Now().Add(time.Hour)})
 
@@ -223,7 +229,7 @@ func TestConcurrentVotersCommitOnce(t *testing.T) {
 func TestRejectedWhenTheQuorumIsUnreachable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.New(t, pgtest.Options{MaxConns: 30})
+	db := pgtest.New(t, pgtest.Options{MaxConns: 30, StatementTimeout: contendedTimeout})
 
 	// In turn: 5 voters, quorum 3: the third rejection decides.
 	b := propose(t, db.Pool, quorum.ProposeParams{Kind: "k", Agent: "a", Voters: voters(5), Quorum: 3, Deadline: time.Now().Add(time.Hour)})
@@ -268,100 +274,166 @@ func TestRejectedWhenTheQuorumIsUnreachable(t *testing.T) {
 }
 
 // TestVotesRaceTheDeadline: voters vote while the sim clock moves past the
-// deadline, and the worker's expiry job runs. A vote counts only before the
+// deadlines and the worker's expiry jobs run. A vote counts only before the
 // deadline; a batch is committed before its deadline with one apply job, or
-// expired after it with none; never both, and no vote counts after the decision.
+// expired after it with none; never both, and no vote counts after the
+// decision. Refused votes are CONFLICT for either cause, told apart by their
+// message: too late (the deadline passed, before or after the expiry job ran),
+// or after a decision made in time (the batch was committed or rejected).
+//
+// The sim clock runs at real speed (shard leases expire by it too, and are
+// 10 s here), and rounds of batches repeat (at most maxRounds) until each
+// outcome has occurred: a batch applied and one expired, a vote refused too
+// late and one refused after a decision.
 func TestVotesRaceTheDeadline(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.New(t, pgtest.Options{MaxConns: 60})
+	db := pgtest.New(t, pgtest.Options{MaxConns: 60, StatementTimeout: contendedTimeout})
 	require.NoError(t, clock.UseSim(ctx, db.Pool, t0))
 	reg := workers.NewRegistry()
 	require.NoError(t, quorumworker.AddApplier(reg, "k", func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error { return nil }))
-	workertest.Start(t, db.Pool, reg, nil)
+	workertest.Start(t, db.Pool, reg, &workers.Options{LeaseTTL: 10 * time.Second, LeaseRenew: time.Second})
 
-	const batches, n, q = 8, 16, 12
-	var ids []int64
-	for i := 0; i < batches; i++ {
-		// Deadlines spread over the run: early ones expire, late ones commit.
-		b := propose(t, db.Pool, quorum.ProposeParams{Kind: "k", Agent: "a", Voters: voters(n), Quorum: q,
-			Deadline: t0.Add(time.Duration(1+i) * 100 * time.Millisecond)})
-		ids = append(ids, b.ID)
-	}
-	stop := make(chan struct{})
-	clockDone := make(chan struct{})
-	go func() { // the sim clock at twice real speed (shard leases expire by it too)
-		defer close(clockDone)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-			if _, err := clock.Advance(ctx, db.Pool, 20*time.Millisecond); err != nil {
-				t.Errorf("advance: %v", err)
-				return
-			}
+	const batches, n, q, maxRounds = 8, 16, 12, 10
+	var (
+		tooLate       = regexp.MustCompile(`^CONFLICT: batch \d+('s deadline .* has passed| is expired:)`)
+		afterDecision = regexp.MustCompile(`^CONFLICT: batch \d+ is (committed|rejected|applied):`)
+		outcomes      = map[quorum.State]int{}
+		refusals      = map[string]int{}
+		accepted      atomic.Int64
+	)
+	for round := 1; round <= maxRounds; round++ {
+		roundStart := time.Now()
+		now, err := clock.Now(ctx, db.Pool)
+		require.NoError(t, err)
+		var ids []int64
+		for i := 0; i < batches; i++ {
+			// Deadlines from 50 ms to 2.85 s: early ones expire, late ones
+			// commit, even when votes are slow.
+			b := propose(t, db.Pool, quorum.ProposeParams{Kind: "k", Agent: "a", Voters: voters(n), Quorum: q,
+				Deadline: now.Add(time.Duration(i)*400*time.Millisecond + 50*time.Millisecond)})
+			ids = append(ids, b.ID)
 		}
-	}()
-	var wg sync.WaitGroup
-	var accepted, refused atomic.Int64
-	for i, id := range ids {
-		for j, v := range voters(n) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				rng := rand.New(rand.NewPCG(uint64(i), uint64(j)))
-				time.Sleep(time.Duration(rng.IntN(400)) * time.Millisecond)
-				_, err := vote(db.Pool, id, v, rng.IntN(8) > 0)
-				switch {
-				case err == nil:
-					accepted.Add(1)
-				case fault.Has(err, fault.Conflict):
-					refused.Add(1)
-				default:
-					t.Errorf("vote: %v", err)
+		stop := make(chan struct{})
+		clockDone := make(chan struct{})
+		go func() { // the sim clock, at real speed: by the real time elapsed
+			defer close(clockDone)
+			last := time.Now()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(10 * time.Millisecond):
 				}
-			}()
+				elapsed := time.Since(last)
+				last = last.Add(elapsed)
+				if _, err := clock.Advance(ctx, db.Pool, elapsed); err != nil {
+					t.Errorf("advance: %v", err)
+					return
+				}
+			}
+		}()
+		type refusal struct {
+			batch int64
+			voter string
+			cause string
 		}
-	}
-	wg.Wait()
-	close(stop)
-	<-clockDone
-	_, err := clock.Advance(ctx, db.Pool, time.Hour) // every deadline passes
-	require.NoError(t, err)
-	workertest.WaitFor(t, 60*time.Second, "every batch decided and every commit applied", func() bool {
-		return db.MustCount(t, `SELECT count(*) FROM quorum_batches WHERE state IN ('open', 'committed')`) == 0
-	})
+		var (
+			wg      sync.WaitGroup
+			mu      sync.Mutex
+			refused []refusal
+		)
+		for i, id := range ids {
+			for j, v := range voters(n) {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(uint64(round*1000+i), uint64(j)))
+					time.Sleep(time.Duration(rng.IntN(400)) * time.Millisecond) // votes spread over the deadlines
+					_, err := vote(db.Pool, id, v, rng.IntN(8) > 0)
+					var cause string
+					switch {
+					case err == nil:
+						accepted.Add(1)
+						return
+					case !fault.Has(err, fault.Conflict):
+						t.Errorf("vote: %v", err)
+						return
+					case tooLate.MatchString(err.Error()):
+						cause = "too late"
+					case afterDecision.MatchString(err.Error()):
+						cause = "after a decision"
+					default:
+						t.Errorf("vote refused for another cause: %v", err)
+						return
+					}
+					mu.Lock()
+					refused = append(refused, refusal{id, v, cause})
+					mu.Unlock()
+				}()
+			}
+		}
+		wg.Wait()
+		close(stop)
+		<-clockDone
+		voted := time.Since(roundStart)
+		// Every deadline passes (all are within 3 s of the round's start),
+		// leases (10 s) do not.
+		_, err = clock.Advance(ctx, db.Pool, 3*time.Second)
+		require.NoError(t, err)
+		workertest.WaitFor(t, 60*time.Second, "every batch decided and every commit applied", func() bool {
+			return db.MustCount(t, `SELECT count(*) FROM quorum_batches WHERE state IN ('open', 'committed')`) == 0
+		})
 
-	outcomes := map[quorum.State]int{}
-	for _, id := range ids {
-		b, err := quorum.Get(ctx, db.Pool, id)
-		require.NoError(t, err)
-		outcomes[b.State]++
-		votes, err := quorum.Votes(ctx, db.Pool, id)
-		require.NoError(t, err)
-		require.Len(t, votes, b.Approvals+b.Rejections, "batch %d: every recorded vote is counted", id)
-		for _, v := range votes {
-			require.True(t, v.CastAt.Before(b.Deadline), "batch %d: a vote counted at %s, deadline %s", id, v.CastAt, b.Deadline)
-			require.False(t, v.CastAt.After(*b.DecidedAt), "batch %d: a vote counted after the decision", id)
+		byID := map[int64]*quorum.Batch{}
+		for _, id := range ids {
+			b, err := quorum.Get(ctx, db.Pool, id)
+			require.NoError(t, err)
+			byID[id] = b
+			outcomes[b.State]++
+			votes, err := quorum.Votes(ctx, db.Pool, id)
+			require.NoError(t, err)
+			require.Len(t, votes, b.Approvals+b.Rejections, "batch %d: every recorded vote is counted", id)
+			for _, v := range votes {
+				require.True(t, v.CastAt.Before(b.Deadline), "batch %d: a vote counted at %s, deadline %s", id, v.CastAt, b.Deadline)
+				require.False(t, v.CastAt.After(*b.DecidedAt), "batch %d: a vote counted after the decision", id)
+			}
+			switch b.State {
+			case quorum.Applied:
+				require.Equal(t, q, b.Approvals)
+				require.True(t, b.DecidedAt.Before(b.Deadline), "batch %d committed at %s, deadline %s", id, b.DecidedAt, b.Deadline)
+				require.Equal(t, 1, applyJobs(t, db, id))
+			case quorum.Expired:
+				require.Less(t, b.Approvals, q)
+				require.False(t, b.DecidedAt.Before(b.Deadline), "batch %d expired early", id)
+				require.Zero(t, applyJobs(t, db, id))
+			case quorum.Rejected:
+				require.Greater(t, b.Rejections, n-q)
+				require.Zero(t, applyJobs(t, db, id))
+			default:
+				t.Fatalf("batch %d ended %s", id, b.State)
+			}
 		}
-		switch b.State {
-		case quorum.Applied:
-			require.Equal(t, q, b.Approvals)
-			require.True(t, b.DecidedAt.Before(b.Deadline), "batch %d committed at %s, deadline %s", id, b.DecidedAt, b.Deadline)
-			require.Equal(t, 1, applyJobs(t, db, id))
-		case quorum.Expired:
-			require.Less(t, b.Approvals, q)
-			require.False(t, b.DecidedAt.Before(b.Deadline), "batch %d expired early", id)
-			require.Zero(t, applyJobs(t, db, id))
-		case quorum.Rejected:
-			require.Greater(t, b.Rejections, n-q)
-			require.Zero(t, applyJobs(t, db, id))
-		default:
-			t.Fatalf("batch %d ended %s", id, b.State)
+		// Each refusal against the database's record: the voter has no vote, and
+		// the batch ended as the cause says.
+		for _, r := range refused {
+			refusals[r.cause]++
+			require.Zero(t, db.MustCount(t, `SELECT count(*) FROM quorum_votes WHERE batch_id = $1 AND voter = $2`, r.batch, r.voter),
+				"batch %d: %s's vote was refused (%s) but recorded", r.batch, r.voter, r.cause)
+			b := byID[r.batch]
+			if r.cause == "after a decision" {
+				require.Contains(t, []quorum.State{quorum.Applied, quorum.Rejected}, b.State, "batch %d: refused after a decision", r.batch)
+				require.True(t, b.DecidedAt.Before(b.Deadline), "batch %d: decided in time", r.batch)
+			}
+		}
+		t.Logf("round %d (votes %s, all %s): outcomes %v; refusals %v; %d votes counted", round,
+			voted.Round(time.Millisecond), time.Since(roundStart).Round(time.Millisecond), outcomes, refusals, accepted.Load())
+		if outcomes[quorum.Applied] > 0 && outcomes[quorum.Expired] > 0 && refusals["too late"] > 0 && refusals["after a decision"] > 0 {
+			break
 		}
 	}
-	t.Logf("outcomes %v; %d votes counted, %d refused", outcomes, accepted.Load(), refused.Load())
-	require.Positive(t, refused.Load(), "some votes came too late")
+	require.Positive(t, outcomes[quorum.Applied], "a batch committed before its deadline")
+	require.Positive(t, outcomes[quorum.Expired], "a batch expired at its deadline")
+	require.Positive(t, refusals["too late"], "votes came too late and were refused (CONFLICT)")
+	require.Positive(t, refusals["after a decision"], "votes came after a decision in time and were refused (CONFLICT)")
 }

@@ -125,17 +125,16 @@ func TestHoldExpiresOnceUnderTheSimClock(t *testing.T) {
 }
 
 // TestReleaseRacesExpiry releases lapsed holds while their expiry jobs run: each
-// ends exactly once, released or expired, and the quota is refunded once. Rounds
-// repeat (at most 10) until both outcomes of the race have occurred, so the test
-// proves that each is handled, not only one.
+// ends exactly once, released or expired, and the quota is refunded once.
+// Rounds of holds repeat (at most maxRounds) until both outcomes have occurred:
+// a release that won and one that lost to the expiry (CONFLICT).
 func TestReleaseRacesExpiry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	const n = 24
+	const n, maxRounds = 24, 10
 	db := setup(t, n, nil)
 	var byRelease, byExpiry int
-	for round := 1; byRelease == 0 || byExpiry == 0; round++ {
-		require.LessOrEqual(t, round, 10, "after %d rounds, %d released and %d expired: the race never went both ways", round-1, byRelease, byExpiry)
+	for round := 1; round <= maxRounds && (byRelease == 0 || byExpiry == 0); round++ {
 		var ids []int64
 		for i := 0; i < n; i++ {
 			ids = append(ids, reserve(t, db, 1, 500*time.Millisecond).ID)
@@ -149,7 +148,9 @@ func TestReleaseRacesExpiry(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				time.Sleep(time.Duration(i%8) * 150 * time.Millisecond) // spread over the jobs' runs
+				// Not a wait: spreads the releases over the expiry jobs' runs
+				// (due 0.5 s after each reservation, in real time).
+				time.Sleep(time.Duration(i%8) * 150 * time.Millisecond)
 				err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 					_, err := capacity.ReleaseTx(ctx, tx, &capacity.ReleaseParams{ReservationID: id})
 					return err
@@ -185,6 +186,8 @@ func TestReleaseRacesExpiry(t *testing.T) {
 		require.Zero(t, c.Holds)
 		require.Zero(t, db.MustCount(t, `SELECT count(*) FROM capacity_node_resources WHERE holds <> 0 OR confirmed <> 0`))
 	}
+	require.Positive(t, byRelease, "a release won the race")
+	require.Positive(t, byExpiry, "an expiry won the race")
 }
 
 // TestSweepReenqueuesALostExpiry cancels a hold's expiry job, as an operator
@@ -195,13 +198,15 @@ func TestSweepReenqueuesALostExpiry(t *testing.T) {
 	ctx := context.Background()
 	db := setup(t, 1, &capacityworker.Options{SweepEvery: 200 * time.Millisecond, Grace: time.Minute})
 	r := reserve(t, db, 1, time.Hour)
-	db.MustExec(t, `UPDATE river_job SET state = 'cancelled', finalized_at = clock_timestamp() WHERE kind = 'capacity_hold_expiry'`)
+	db.MustExec(t, `UPDATE river_job SET state = 'cancelled', finalized_at = $1 WHERE kind = 'capacity_hold_expiry'`, time.Now())
 
 	_, err := clock.Advance(ctx, db.Pool, time.Hour+30*time.Second)
 	require.NoError(t, err)
-	// Due, but not overdue by the grace period: the sweep leaves it alone.
-	workertest.WaitFor(t, 60*time.Second, "a sweep to run", func() bool {
-		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_expiry_sweep' AND state = 'completed'`) >= 1
+	// Due, but not overdue by the grace period: the sweep leaves it alone (two
+	// sweeps, so that one started after the advance).
+	before := db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_expiry_sweep' AND state = 'completed'`)
+	workertest.WaitFor(t, 60*time.Second, "two sweeps after the advance", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_expiry_sweep' AND state = 'completed'`) >= before+2
 	})
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry'`))
 
@@ -229,7 +234,7 @@ func TestSweepDoesNotWaitOnALiveExpiry(t *testing.T) {
 	db := setup(t, 1, &capacityworker.Options{SweepEvery: 200 * time.Millisecond, Grace: time.Minute})
 	r := reserve(t, db, 1, time.Hour)
 	// The expiry job stays live but does not run by itself in this test.
-	db.MustExec(t, `UPDATE river_job SET scheduled_at = clock_timestamp() + interval '1 hour' WHERE kind = 'capacity_hold_expiry'`)
+	db.MustExec(t, `UPDATE river_job SET scheduled_at = $1 WHERE kind = 'capacity_hold_expiry'`, time.Now().Add(time.Hour))
 
 	// The expiry's fenced transaction: its job's row first.
 	tx, err := db.Pool.Begin(ctx)
@@ -254,4 +259,82 @@ func TestSweepDoesNotWaitOnALiveExpiry(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry'`),
 		"a hold whose expiry job is live gets no second one")
+}
+
+// TestLapsedHoldKeepsItsDevicesUntilTheJobRuns: a hold whose TTL has passed by
+// compute_now() still holds its device (no other reservation gets it, ListFree
+// leaves it out, the quota stays charged) while its expiry job has not run;
+// once the job runs, the device is free. The job is scheduled an hour ahead in
+// real time (a TTL of an hour), so it does not run until the test makes it due,
+// while the sim clock jumps past the hold's expiry.
+func TestLapsedHoldKeepsItsDevicesUntilTheJobRuns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setup(t, 1, nil)
+	require.NoError(t, capacity.SetQuota(ctx, db.Pool, &capacity.SetQuotaParams{Tenant: "other", PoolID: "p", Limit: 1}))
+	r := reserve(t, db, 1, time.Hour)
+	_, err := clock.Advance(ctx, db.Pool, 2*time.Hour)
+	require.NoError(t, err)
+
+	otherReserves := func() error {
+		return pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := capacity.ReserveTx(ctx, tx, &capacity.ReserveParams{
+				PoolID: "p", Tenant: "other", Devices: 1, Start: t0, End: t0.Add(time.Hour), TTL: time.Hour,
+			})
+			return err
+		})
+	}
+	free := func() int {
+		devs, err := capacity.ListFree(ctx, db.Pool, &capacity.ListFreeParams{PoolID: "p", Start: t0, End: t0.Add(time.Hour)})
+		require.NoError(t, err)
+		return len(devs)
+	}
+	got, err := capacity.Get(ctx, db.Pool, r.ID)
+	require.NoError(t, err)
+	require.True(t, got.ExpiresAt.Before(t0.Add(2*time.Hour)), "the hold has lapsed by compute_now()")
+	err = otherReserves()
+	require.Equal(t, fault.Conflict, fault.CodeOf(err), "the lapsed hold's device is not free before its job ran: %v", err)
+	require.Zero(t, free(), "ListFree leaves the lapsed hold's device out")
+	require.Equal(t, capacity.Hold, got.State)
+	q, err := capacity.GetQuota(ctx, db.Pool, "acme", "p")
+	require.NoError(t, err)
+	require.Equal(t, 1, q.Used, "the lapsed hold's quota is charged until its job ran")
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry' AND attempt > 0`),
+		"the expiry job has not run")
+
+	// The job runs: the hold expires and its device is free.
+	db.MustExec(t, `UPDATE river_job SET scheduled_at = $1 WHERE kind = 'capacity_hold_expiry'`, time.Now())
+	workertest.WaitFor(t, 60*time.Second, "the expiry job to expire the lapsed hold", func() bool { return state(t, db, r.ID) == capacity.Expired })
+	require.Equal(t, 1, free())
+	require.NoError(t, otherReserves(), "the device is free once the job ran")
+}
+
+// TestSweepDefaultGrace: with the default options, the sweep leaves a hold
+// whose expiry job is gone alone while it is overdue by less than 30 s, and
+// re-enqueues the job once it is overdue by more.
+func TestSweepDefaultGrace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := setup(t, 1, &capacityworker.Options{SweepEvery: 200 * time.Millisecond}) // Grace: the default
+	r := reserve(t, db, 1, time.Hour)
+	db.MustExec(t, `UPDATE river_job SET state = 'cancelled', finalized_at = $1 WHERE kind = 'capacity_hold_expiry'`, time.Now())
+	sweeps := func() int {
+		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_expiry_sweep' AND state = 'completed'`)
+	}
+
+	_, err := clock.Advance(ctx, db.Pool, time.Hour+29*time.Second)
+	require.NoError(t, err)
+	n := sweeps()
+	// Two sweeps that both started after the advance.
+	workertest.WaitFor(t, 30*time.Second, "two sweeps with the hold overdue by 29 s", func() bool { return sweeps() >= n+2 })
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry'`),
+		"overdue by 29 s, within the default grace: no new expiry job")
+	require.Equal(t, capacity.Hold, state(t, db, r.ID))
+
+	_, err = clock.Advance(ctx, db.Pool, 2*time.Second)
+	require.NoError(t, err)
+	workertest.WaitFor(t, 30*time.Second, "the sweep to re-enqueue the expiry of a hold overdue by 31 s, and the hold to expire", func() bool {
+		return state(t, db, r.ID) == capacity.Expired
+	})
+	require.Equal(t, 2, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry'`), "the cancelled job and the sweep's")
 }

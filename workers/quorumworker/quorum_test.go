@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -139,7 +140,7 @@ func TestExpiryJobUnderTheSimClock(t *testing.T) {
 	}))
 	// The job is due in an hour of real time; make River run it now, as if the
 	// real and sim clocks disagreed: it must snooze, not expire the batch.
-	db.MustExec(t, `UPDATE river_job SET state = 'available', scheduled_at = clock_timestamp() WHERE id = $1`, *b.ExpireJobID)
+	db.MustExec(t, `UPDATE river_job SET state = 'available', scheduled_at = $2 WHERE id = $1`, *b.ExpireJobID, time.Now())
 	workertest.WaitFor(t, 60*time.Second, "the expiry job to run early and snooze", func() bool {
 		return db.MustCount(t, `SELECT coalesce((metadata->>'snoozes')::int, 0) FROM river_job WHERE id = $1`, *b.ExpireJobID) >= 1
 	})
@@ -159,6 +160,14 @@ func TestExpiryJobUnderTheSimClock(t *testing.T) {
 // the apply transaction open; the parent kills it with SIGKILL, then starts a
 // worker of its own that takes the shard over and applies the batch again.
 const killChildEnv = "BETTER_COMPUTE_QUORUM_KILL_CHILD_URL"
+
+// The kill test's leases: long enough that neither worker loses one on a slow
+// machine (a lost lease would give the job back and raise its attempt), short
+// enough that the takeover after the kill is quick.
+const (
+	killLeaseTTL   = 5 * time.Second
+	killLeaseRenew = time.Second
+)
 
 // runKillChild is the child's side: a worker whose applier writes its effects,
 // says APPLYING, and blocks with the apply transaction open until it is killed.
@@ -190,6 +199,7 @@ func runKillChild(url string) int {
 	}
 	o := workertest.Fast
 	o.Pool, o.Registry, o.Work, o.Shards = db, reg, true, shards
+	o.LeaseTTL, o.LeaseRenew = killLeaseTTL, killLeaseRenew
 	if _, err := workers.Start(ctx, o); err != nil {
 		return fail(err)
 	}
@@ -236,7 +246,7 @@ func TestKillDuringApply(t *testing.T) {
 	}())
 	rows, _ := effectsOf(t, db, id)
 	require.Zero(t, rows, "nothing is visible before the commit")
-	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'quorum_apply' AND state = 'running' AND attempt = 1`))
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'quorum_apply' AND state = 'running'`))
 
 	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
 	_, _ = child.Process.Wait()
@@ -248,7 +258,7 @@ func TestKillDuringApply(t *testing.T) {
 	// hands the running job back, and applies the batch.
 	reg := workers.NewRegistry()
 	require.NoError(t, quorumworker.AddApplier(reg, "effects", recordEffects))
-	workertest.Start(t, db.Pool, reg, nil)
+	workertest.Start(t, db.Pool, reg, &workers.Options{LeaseTTL: killLeaseTTL, LeaseRenew: killLeaseRenew})
 	workertest.WaitFor(t, 60*time.Second, "the batch applied by the new worker", func() bool {
 		b, err := quorum.Get(ctx, db.Pool, id)
 		require.NoError(t, err)
@@ -261,6 +271,76 @@ func TestKillDuringApply(t *testing.T) {
 	var state string
 	require.NoError(t, db.QueryRow(ctx, `SELECT state::text, attempt FROM river_job WHERE kind = 'quorum_apply'`).Scan(&state, &attempt))
 	require.Equal(t, "completed", state)
-	require.Equal(t, 2, attempt, "the killed attempt and the one that applied")
+	// The killed attempt and the one that applied (more if a fenced retry came
+	// between them: the effects above, not this count, say it applied once).
+	require.GreaterOrEqual(t, attempt, 2, "the killed attempt and the one that applied")
 	t.Logf("applied by attempt %d after the kill (backend %d of the child ended)", attempt, backend)
+}
+
+// TestNoApplierRetriedAsUnavailable: a committed batch whose kind has no
+// applier in the process is not applied, cancelled or discarded: its apply job
+// fails with UNAVAILABLE and is retried with backoff, the batch stays
+// committed; a process that knows the kind applies it.
+func TestNoApplierRetriedAsUnavailable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(t, effectsSQL)
+	leases := &workers.Options{LeaseTTL: 10 * time.Second, LeaseRenew: time.Second}
+	reg := workers.NewRegistry()
+	require.NoError(t, quorumworker.AddApplier(reg, "other", recordEffects))
+	rt := workertest.Start(t, db.Pool, reg, leases)
+
+	id := commitBatch(t, db.Pool, "effects", []any{"x"}, time.Now().Add(time.Hour))
+	type jobState struct {
+		State   string
+		Attempt int
+		Errors  []string
+	}
+	job := func() jobState {
+		var j jobState
+		require.NoError(t, db.QueryRow(ctx, `
+SELECT state::text, attempt, ARRAY(SELECT e->>'error' FROM jsonb_array_elements(to_jsonb(errors)) e)
+  FROM river_job WHERE kind = 'quorum_apply' AND (args->>'batch_id')::bigint = $1`, id).Scan(&j.State, &j.Attempt, &j.Errors))
+		return j
+	}
+	unavailable := regexp.MustCompile(`^UNAVAILABLE: no quorum applier for kind effects`)
+	failures := func(j jobState) int {
+		n := 0
+		for _, e := range j.Errors {
+			if unavailable.MatchString(e) {
+				n++
+			}
+		}
+		return n
+	}
+	workertest.WaitFor(t, 60*time.Second, "the apply job to fail twice with UNAVAILABLE (retried)", func() bool { return failures(job()) >= 2 })
+	j := job()
+	require.Contains(t, []string{"retryable", "available", "running"}, j.State, "retried, not cancelled, discarded or completed: %+v", j)
+	for _, e := range j.Errors {
+		// Besides UNAVAILABLE, only a hand-back by the shard's holder (an
+		// attempt whose outcome River had not recorded yet at a lease round)
+		// may show, and it carries no code.
+		require.False(t, !unavailable.MatchString(e) && regexp.MustCompile(`^[A-Z_]+: `).MatchString(e), "an error of another code: %s", e)
+	}
+	b, err := quorum.Get(ctx, db.Pool, id)
+	require.NoError(t, err)
+	require.Equal(t, quorum.Committed, b.State, "the batch waits for an applier")
+	rows, _ := effectsOf(t, db, id)
+	require.Zero(t, rows)
+
+	// A process that knows the kind takes the shards over and applies it (the
+	// job made due at once, rather than after its backoff).
+	require.NoError(t, rt.Stop(ctx))
+	reg2 := workers.NewRegistry()
+	require.NoError(t, quorumworker.AddApplier(reg2, "effects", recordEffects))
+	workertest.Start(t, db.Pool, reg2, leases)
+	db.MustExec(t, `UPDATE river_job SET scheduled_at = $2 WHERE kind = 'quorum_apply' AND (args->>'batch_id')::bigint = $1 AND state = 'retryable'`, id, time.Now())
+	workertest.WaitFor(t, 60*time.Second, "the batch applied by the process that has its applier", func() bool {
+		b, err := quorum.Get(ctx, db.Pool, id)
+		require.NoError(t, err)
+		return b.State == quorum.Applied
+	})
+	rows, _ = effectsOf(t, db, id)
+	require.Equal(t, 1, rows)
 }
