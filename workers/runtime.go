@@ -87,6 +87,7 @@ type Runtime struct {
 
 	mu        sync.Mutex
 	inFlight  map[string]map[int64]context.CancelCauseFunc // queue -> job id -> cancel
+	finished  map[int64]time.Time                          // job id -> when its attempt returned (see outcomeGrace)
 	claiming  map[int]chan struct{}                        // shard -> its running claim loop's wake-up
 	claimStop chan struct{}                                // closed when Stop begins: claim loops stop claiming
 	claimWG   sync.WaitGroup                               // the claim loops
@@ -221,6 +222,7 @@ func newRuntime(o Options, count int) *Runtime {
 		o: o, pool: o.Pool, ctl: o.Pool, log: o.Log, shardCount: count, anchor: &clock.Anchor{},
 		metrics:   o.Metrics,
 		inFlight:  map[string]map[int64]context.CancelCauseFunc{},
+		finished:  map[int64]time.Time{},
 		active:    map[string]bool{},
 		claiming:  map[int]chan struct{}{},
 		claimStop: make(chan struct{}),
@@ -590,7 +592,16 @@ func (rt *Runtime) track(queue string, id int64, cancel context.CancelCauseFunc)
 	m[id] = cancel
 }
 
-// inFlightIDs are the ids of the jobs this process is working now.
+// outcomeGrace is how long after a job's attempt returned this process still
+// counts the job as its own work: River's completer records the outcome
+// asynchronously, in batches, retrying a failed write (3 tries of up to 10 s),
+// so a job can stay running in the database for a while after its Work
+// returned. Handing it back meanwhile would run a finished job again.
+const outcomeGrace = time.Minute
+
+// inFlightIDs are the ids of the jobs this process is working now, and of those
+// whose attempt returned within outcomeGrace (their outcome may not be recorded
+// yet).
 func (rt *Runtime) inFlightIDs() []int64 {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
@@ -600,6 +611,13 @@ func (rt *Runtime) inFlightIDs() []int64 {
 			ids = append(ids, id)
 		}
 	}
+	for id, at := range rt.finished {
+		if time.Since(at) > outcomeGrace {
+			delete(rt.finished, id)
+			continue
+		}
+		ids = append(ids, id)
+	}
 	return ids
 }
 
@@ -607,6 +625,7 @@ func (rt *Runtime) untrack(queue string, id int64) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	delete(rt.inFlight[queue], id)
+	rt.finished[id] = time.Now()
 }
 
 // cancelAll cancels every job this process works.
