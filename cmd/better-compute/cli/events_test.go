@@ -44,12 +44,13 @@ func pruneEvents(t testing.TB, db pg.DBTX, want int) {
 
 // sseRecord is one dispatched SSE record: an event (ID and Data, and Event
 // when it names a type, as reset records do), an id-only record (Data empty),
-// or a comment.
+// or a comment. Retry is the value of a retry: line in the record.
 type sseRecord struct {
 	Event   string
 	ID      string
 	Data    string
 	Comment string
+	Retry   string
 }
 
 // parseSSE reads SSE records from r into out until r ends.
@@ -72,6 +73,8 @@ func parseSSE(r io.Reader, out chan<- sseRecord) {
 			cur.Event = strings.TrimSpace(line[6:])
 		case strings.HasPrefix(line, "id:"):
 			cur.ID = strings.TrimSpace(line[3:])
+		case strings.HasPrefix(line, "retry:"):
+			cur.Retry = strings.TrimSpace(line[6:])
 		case strings.HasPrefix(line, "data:"):
 			data = append(data, strings.TrimPrefix(strings.TrimPrefix(line, "data:"), " "))
 		}
@@ -272,6 +275,12 @@ func TestEventStreamOverHTTP(t *testing.T) {
 
 	url := base + "v1/events?topics=orders&from=start&heartbeat=1"
 	recs, drop := sseConnect(t, url, user, pass, "")
+	// The README: the stream opens with "retry: 1000" (a client reconnects
+	// after 1 s), then the id it starts from, before any event.
+	first := recvSSE(t, recs)
+	require.Equal(t, "1000", first.Retry, "the opening record's retry: line, %+v", first)
+	require.NotEmpty(t, first.ID, "then the id it starts from")
+	require.Empty(t, first.Data)
 	var last string
 	var got []string
 	for i := 0; i < 2; i++ {
