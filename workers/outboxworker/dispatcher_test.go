@@ -336,7 +336,7 @@ func TestDispatcherPublishes16KeysAtOnceByDefault(t *testing.T) {
 		}
 		done <- n
 	}()
-	workertest.WaitFor(t, 30*time.Second, "16 publishes in flight", func() bool { return inFlight.Load() == 16 })
+	workertest.WaitFor(t, 30*time.Second, "16 publishes in flight", func() bool { return inFlight.Load() >= 16 })
 	time.Sleep(300 * time.Millisecond) // room for a 17th to start, which must not
 	require.EqualValues(t, 16, most.Load(), "16 keys at once")
 	close(release)
