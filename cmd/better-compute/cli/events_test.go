@@ -433,7 +433,7 @@ func TestEventsResumeBehindTheHorizonIsReset(t *testing.T) {
 	} {
 		recs, disconnect := sseClient(t, h, tc.query, tc.lastID)
 		first := recvSSE(t, recs)
-		require.Equal(t, sseRecord{ID: tc.opening}, first, "an id-only opening record")
+		require.Equal(t, sseRecord{ID: tc.opening, Retry: "1000"}, first, "an id-only opening record, after the retry line")
 		want := rest
 		if tc.lastID == ids[3].String() {
 			want = rest[1:]
@@ -480,7 +480,7 @@ func TestEventsIdleStreamBehindTheHorizonIsResetAtHeartbeat(t *testing.T) {
 
 	recs, disconnect = sseClient(t, h, "", ids[2].String())
 	defer disconnect()
-	require.Equal(t, sseRecord{ID: ids[2].String()}, recvSSE(t, recs))
+	require.Equal(t, sseRecord{ID: ids[2].String(), Retry: "1000"}, recvSSE(t, recs))
 	require.Equal(t, []string{"new"}, sseKeysUntil(t, recs, "new"))
 }
 
