@@ -269,7 +269,10 @@ func TestResetSinkRacingPruneNeverLosesEvents(t *testing.T) {
 	require.NoError(t, outbox.EnsureSink(ctx, db.Pool, "s", outbox.End))
 	var last outbox.Cursor
 	accepted, refused := 0, 0
-	for i := 0; i < 60; i++ {
+	// Both orders must have been seen: at least 60 rounds, and on until each
+	// outcome has occurred (bounded).
+	for i := 0; i < 60 || accepted == 0 || refused == 0; i++ {
+		require.Less(t, i, 1000, "after %d rounds: resets accepted %d, refused %d; both outcomes never occurred", i, accepted, refused)
 		ids := outboxtest.AppendIDs(t, db.Pool, last, "r", 3)
 		last = ids[2]
 		_, err := outbox.ResetSink(ctx, db.Pool, "s", outbox.End)
@@ -314,4 +317,6 @@ func TestResetSinkRacingPruneNeverLosesEvents(t *testing.T) {
 		}
 	}
 	t.Logf("resets accepted %d, refused %d", accepted, refused)
+	require.Positive(t, accepted, "a reset won the race")
+	require.Positive(t, refused, "a prune won the race")
 }

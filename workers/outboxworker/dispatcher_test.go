@@ -280,15 +280,20 @@ func TestDispatcherLastErrorTruncated(t *testing.T) {
 
 // TestDispatcherBatchOutlivingClaimTimeoutStartsNoFurtherPublish: once a batch
 // has outlived its claim timeout it publishes nothing more; the rest goes back.
+// The first publish holds on until its batch's deadline has passed (the
+// deadline is counted from before the claim, so the timeout leaves a loaded
+// machine room to claim and start it).
 func TestDispatcherBatchOutlivingClaimTimeoutStartsNoFurtherPublish(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := newDB(t)
 	insertReports(t, db.Pool, 2, 2) // rows 1 (k1), 2 (k2), 3 (k1), 4 (k2)
 	var outcomes []dom.Outcome
-	d := newStockDispatcher(t, DispatcherOptions[report]{ClaimTimeout: 300 * time.Millisecond, Concurrency: 1,
+	d := newStockDispatcher(t, DispatcherOptions[report]{ClaimTimeout: 2 * time.Second, Concurrency: 1,
 		Publish: func(ctx context.Context, r report) error {
 			if r.Seq == 1 {
-				time.Sleep(500 * time.Millisecond) // ignores its deadline
+				<-ctx.Done() // the batch's deadline
+				return nil   // and ignores it
 			}
 			return nil
 		}})
@@ -300,6 +305,75 @@ func TestDispatcherBatchOutlivingClaimTimeoutStartsNoFurtherPublish(t *testing.T
 	require.Equal(t, []int64{1}, outcomes[0].Published, "the late batch published only the row in flight")
 	require.ElementsMatch(t, []int64{2, 3, 4}, outcomes[0].Released)
 	require.Zero(t, pending(t, db))
+}
+
+// TestDispatcherPublishes16KeysAtOnceByDefault: README "different keys in
+// parallel (16 at once by default)", and a batch of 100 rows by default: with
+// 40 keys pending and every publish held, 16 are in flight, never a 17th.
+func TestDispatcherPublishes16KeysAtOnceByDefault(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := newDB(t)
+	insertReports(t, db.Pool, 40, 1)
+	var inFlight, most atomic.Int32
+	release := make(chan struct{})
+	d := newStockDispatcher(t, DispatcherOptions[report]{
+		Publish: func(ctx context.Context, r report) error {
+			n := inFlight.Add(1)
+			defer inFlight.Add(-1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			<-release
+			return nil
+		}})
+	var sizes []int
+	d.beforeFinish = func(o dom.Outcome) { sizes = append(sizes, len(o.Published)+len(o.Failed)+len(o.Released)) }
+	done := make(chan int, 1)
+	go func() {
+		n, err := d.Reconcile(ctx, db.Pool)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- n
+	}()
+	workertest.WaitFor(t, 30*time.Second, "16 publishes in flight", func() bool { return inFlight.Load() >= 16 })
+	time.Sleep(300 * time.Millisecond) // room for a 17th to start, which must not
+	require.EqualValues(t, 16, most.Load(), "16 keys at once")
+	close(release)
+	require.Equal(t, 40, <-done)
+	require.Equal(t, []int{40}, sizes, "one batch (of up to 100) took every row")
+
+	dd := newStockDispatcher(t, DispatcherOptions[report]{Publish: func(context.Context, report) error { return nil }})
+	require.Equal(t, 100, dd.c.Table().BatchSize, "BatchSize 100 by default")
+	require.Equal(t, 30*time.Second, dd.c.Table().ClaimTimeout, "ClaimTimeout 30 s by default")
+	require.Equal(t, 10*time.Second, dd.interval(), "ReconcileInterval 10 s by default")
+}
+
+// TestDispatcherPassesRunPeriodically: README "Passes run as River jobs …
+// every ReconcileInterval": with no Notify, passes keep running (one at start,
+// then one an interval apart), and rows written without Notify are published
+// by one of them.
+func TestDispatcherPassesRunPeriodically(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := newDB(t)
+	d := newStockDispatcher(t, DispatcherOptions[report]{ReconcileInterval: time.Second,
+		Publish: func(context.Context, report) error { return nil }})
+	reg := workers.NewRegistry()
+	require.NoError(t, AddDispatcher(reg, d))
+	workertest.Start(t, db.Pool, reg, nil)
+	passes := func() int {
+		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'outbox_dispatch' AND state = 'completed'`)
+	}
+	workertest.WaitFor(t, 30*time.Second, "three passes with nothing written", func() bool { return passes() >= 3 })
+	var gap float64
+	require.NoError(t, db.QueryRow(ctx, `SELECT extract(epoch FROM max(created_at) - min(created_at)) / (count(*) - 1)
+FROM river_job WHERE kind = 'outbox_dispatch'`).Scan(&gap))
+	require.GreaterOrEqual(t, gap, 0.9, "an interval (1 s) apart")
+	require.Less(t, gap, 3.0, "an interval (1 s) apart, not the default's 10 s")
+
+	insertReports(t, db.Pool, 3, 1) // no Notify
+	workertest.WaitFor(t, 30*time.Second, "rows published by a periodic pass", func() bool { return pending(t, db) == 0 })
 }
 
 // TestReconcileJoinsARunningPass: a call while a pass runs joins it, and the

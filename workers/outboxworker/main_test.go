@@ -30,6 +30,8 @@ import (
 const (
 	childEnv   = "OUTBOX_TEST_CHILD"
 	childDBEnv = "OUTBOX_TEST_CHILD_DB"
+	// childTTLEnv, if set, is the child's lease TTL (a time.Duration).
+	childTTLEnv = "OUTBOX_TEST_CHILD_TTL"
 )
 
 func TestMain(m *testing.M) {
@@ -90,6 +92,9 @@ func runChild(mode, url string) int {
 			say("ADVANCE " + code)
 		}
 		o := childFast
+		if ttl, err := time.ParseDuration(os.Getenv(childTTLEnv)); err == nil {
+			o.LeaseTTL = ttl
+		}
 		o.Pool, o.Registry, o.Work, o.Log = db, reg, true, log
 		if _, err := workers.Start(ctx, o); err != nil {
 			panic(err)
@@ -133,10 +138,11 @@ type child struct {
 	stdin *os.File
 }
 
-func startChild(t *testing.T, mode string, db *pgtest.DB) *child {
+func startChild(t *testing.T, mode string, db *pgtest.DB, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+mode, childDBEnv+"="+db.URL)
+	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	r, w, err := os.Pipe()

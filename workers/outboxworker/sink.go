@@ -227,7 +227,8 @@ func sinkBackoff(attempt int, maxWait time.Duration) time.Duration {
 //  3. call Handle, outside any transaction;
 //  4. in a transaction fenced by the lease and the job's attempt, call HandleTx
 //     (after the fence), then move the cursor (guarded by the position read in
-//     2); while batches come back full and the job's budget lasts, go back to 2;
+//     2); while batches come back full, the job's budget lasts and the sink
+//     was not paused meanwhile, go back to 2;
 //  5. the last advance also releases the lease, starts the next job when more
 //     is pending, and completes this one.
 //
@@ -317,7 +318,14 @@ func (d *delivery) run(ctx context.Context) error {
 		if err != nil || !moved {
 			return err
 		}
-		from.Cursor = next
+		// A pause during the batch let it complete (the advance above) and
+		// starts no further one: read the sink's state again.
+		if from, err = dom.SinkCursor(ctx, d.db, d.s.Name); err != nil {
+			return d.fenced(ctx, err)
+		}
+		if from.Paused {
+			return nil // resume starts a new delivery
+		}
 	}
 }
 

@@ -44,12 +44,13 @@ func pruneEvents(t testing.TB, db pg.DBTX, want int) {
 
 // sseRecord is one dispatched SSE record: an event (ID and Data, and Event
 // when it names a type, as reset records do), an id-only record (Data empty),
-// or a comment.
+// or a comment. Retry is the value of a retry: line in the record.
 type sseRecord struct {
 	Event   string
 	ID      string
 	Data    string
 	Comment string
+	Retry   string
 }
 
 // parseSSE reads SSE records from r into out until r ends.
@@ -72,6 +73,8 @@ func parseSSE(r io.Reader, out chan<- sseRecord) {
 			cur.Event = strings.TrimSpace(line[6:])
 		case strings.HasPrefix(line, "id:"):
 			cur.ID = strings.TrimSpace(line[3:])
+		case strings.HasPrefix(line, "retry:"):
+			cur.Retry = strings.TrimSpace(line[6:])
 		case strings.HasPrefix(line, "data:"):
 			data = append(data, strings.TrimPrefix(strings.TrimPrefix(line, "data:"), " "))
 		}
@@ -272,6 +275,12 @@ func TestEventStreamOverHTTP(t *testing.T) {
 
 	url := base + "v1/events?topics=orders&from=start&heartbeat=1"
 	recs, drop := sseConnect(t, url, user, pass, "")
+	// The README: the stream opens with "retry: 1000" (a client reconnects
+	// after 1 s), then the id it starts from, before any event.
+	first := recvSSE(t, recs)
+	require.Equal(t, "1000", first.Retry, "the opening record's retry: line, %+v", first)
+	require.NotEmpty(t, first.ID, "then the id it starts from")
+	require.Empty(t, first.Data)
 	var last string
 	var got []string
 	for i := 0; i < 2; i++ {
@@ -424,7 +433,7 @@ func TestEventsResumeBehindTheHorizonIsReset(t *testing.T) {
 	} {
 		recs, disconnect := sseClient(t, h, tc.query, tc.lastID)
 		first := recvSSE(t, recs)
-		require.Equal(t, sseRecord{ID: tc.opening}, first, "an id-only opening record")
+		require.Equal(t, sseRecord{ID: tc.opening, Retry: "1000"}, first, "an id-only opening record, after the retry line")
 		want := rest
 		if tc.lastID == ids[3].String() {
 			want = rest[1:]
@@ -471,7 +480,7 @@ func TestEventsIdleStreamBehindTheHorizonIsResetAtHeartbeat(t *testing.T) {
 
 	recs, disconnect = sseClient(t, h, "", ids[2].String())
 	defer disconnect()
-	require.Equal(t, sseRecord{ID: ids[2].String()}, recvSSE(t, recs))
+	require.Equal(t, sseRecord{ID: ids[2].String(), Retry: "1000"}, recvSSE(t, recs))
 	require.Equal(t, []string{"new"}, sseKeysUntil(t, recs, "new"))
 }
 
