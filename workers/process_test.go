@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
@@ -252,4 +253,87 @@ func TestProcessGracefulStop(t *testing.T) {
 		change(t, db, fmt.Sprintf("item-%02d", i), 2)
 	}
 	workertest.WaitFor(t, 20*time.Second, "B reconciles", func() bool { return converged(t, db) })
+}
+
+// keysInOwnShards returns n keys starting with prefix, each in a shard of its
+// own (of 16) that none of taken uses, and marks their shards taken.
+func keysInOwnShards(prefix string, n int, taken map[int]bool) []string {
+	var out []string
+	for i := 0; len(out) < n; i++ {
+		k := fmt.Sprintf("%s%02d", prefix, i)
+		if s := jobs.ShardOf(k, 16); !taken[s] {
+			taken[s] = true
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// TestProcessSIGTERMMidReconcile: SIGTERM reaches a worker while reconciles are
+// in flight. Those that fit in its stop grace finish and commit in it; those
+// that outlive the grace are cancelled and handed back by the stopping
+// process, and the standby finishes them. Each key is reconciled exactly once
+// (the reconcile log is the database's record), and no two reconciles of a key
+// overlapped.
+func TestProcessSIGTERMMidReconcile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := appDB(t)
+	// Leases with room: nothing here waits for an expiry.
+	leases := []string{"BETTER_COMPUTE_LEASE_TTL=10s", "BETTER_COMPUTE_LEASE_RENEW=1s"}
+	// A: short reconciles take 2 s, long ones a minute; the grace is 6 s.
+	a := startWorker(t, db, append(leases, "BETTER_COMPUTE_STOP_GRACE=6s",
+		"EXAMPLE_RECONCILE_SLEEP=2s", "EXAMPLE_RECONCILE_SLOW=1m")...)
+	workertest.WaitFor(t, 30*time.Second, "A holds every shard", func() bool { return leasesOf(t, db, a) == 16 })
+	b := startWorker(t, db, append(leases, "EXAMPLE_RECONCILE_SLEEP=10ms", "EXAMPLE_RECONCILE_SLOW=10ms")...)
+	ownerA := ownerOf(t, db, a)
+	require.Zero(t, leasesOf(t, db, b), "B stands by")
+
+	// Each key in a shard of its own, so each is a batch (a job) of its own.
+	taken := map[int]bool{}
+	slow, fast := keysInOwnShards("slow-", 3, taken), keysInOwnShards("fast-", 3, taken)
+	// A reconcile in flight: its transaction made its UPDATE and sleeps.
+	inFlight := func() int {
+		return db.MustCount(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND state = 'idle in transaction' AND query LIKE 'UPDATE example_items SET reconciled_qty%'`)
+	}
+	for _, k := range slow {
+		change(t, db, k, 1)
+	}
+	workertest.WaitFor(t, 30*time.Second, "A runs the slow reconciles", func() bool { return inFlight() == 3 })
+	for _, k := range fast {
+		change(t, db, k, 1)
+	}
+	workertest.WaitFor(t, 30*time.Second, "A runs the fast reconciles too", func() bool { return inFlight() == 6 })
+	termAt := dbNow(t, db)
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGTERM))
+	code, log := exitedWith(t, a, 60*time.Second)
+	require.Equal(t, 0, code, log)
+	require.Contains(t, log, "grace period over: cancelling in-flight jobs")
+	workertest.WaitFor(t, 30*time.Second, "every key converges", func() bool { return converged(t, db) })
+	var record string
+	require.NoError(t, db.QueryRow(ctx, `SELECT string_agg(format('%s by %s from %s to %s', item_id, worker, started_at - $1, finished_at - $1), '; ' ORDER BY id)
+		FROM example_reconcile_log`, termAt).Scan(&record))
+	t.Logf("reconciles, from SIGTERM (A is %d, B %d): %s", a.pid, b.pid, record)
+	for _, k := range fast {
+		require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log WHERE item_id = $1
+			AND worker = $2 AND started_at < $3 AND finished_at > $3`, k, strconv.Itoa(a.pid), termAt),
+			"%s: in flight at SIGTERM, it fits in the grace: A finishes and commits it", k)
+	}
+	for _, k := range slow {
+		require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log WHERE item_id = $1 AND worker = $2`,
+			k, strconv.Itoa(b.pid)), "%s: it outlives the grace: B finishes it", k)
+		// Its batch job: A's attempt, handed back by A itself as it stopped
+		// (a takeover's or River's rescue would have written an error), then B's.
+		require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'reconcile_batch'
+			AND args->'keys' = jsonb_build_array($1::text) AND state = 'completed' AND attempt = 2
+			AND attempted_by = ARRAY[$2, $3] AND coalesce(cardinality(errors), 0) = 0`, k, ownerA, ownerOf(t, db, b)),
+			"%s: A handed its batch back at its stop, and B worked it", k)
+	}
+	require.Equal(t, 6, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log`), "each key reconciled exactly once")
+	require.Equal(t, 6, db.MustCount(t, `SELECT count(*) FROM river_job`), "no other job: no key became its own (failing) job")
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM river_job WHERE state <> 'completed'`))
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log a JOIN example_reconcile_log b
+		ON a.item_id = b.item_id AND a.id < b.id AND a.started_at < b.finished_at AND b.started_at < a.finished_at`),
+		"two reconciles of one key overlapped")
 }
