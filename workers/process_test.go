@@ -2,6 +2,7 @@ package workers_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -145,7 +146,7 @@ func converged(t *testing.T, db *pgtest.DB) bool {
 
 // TestProcessKill9Takeover: kill -9 a worker process mid-reconcile; the other
 // process takes over its shards, hands back its running jobs, and every dirtied
-// key converges.
+// key converges; no two reconciles of a key, in either process, overlapped.
 func TestProcessKill9Takeover(t *testing.T) {
 	t.Parallel()
 	db := appDB(t)
@@ -163,8 +164,9 @@ func TestProcessKill9Takeover(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 		}
 	}()
-	workertest.WaitFor(t, 20*time.Second, "A is mid-reconcile", func() bool {
-		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE state = 'running'`) > 0
+	workertest.WaitFor(t, 20*time.Second, "A has reconciled keys and is mid-reconcile", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM example_reconcile_log WHERE worker = $1`, strconv.Itoa(a.pid)) >= 5 &&
+			db.MustCount(t, `SELECT count(*) FROM river_job WHERE state = 'running'`) > 0
 	})
 	killed := time.Now()
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGKILL))
@@ -172,16 +174,30 @@ func TestProcessKill9Takeover(t *testing.T) {
 	takeover := time.Since(killed)
 	t.Logf("takeover after kill -9: %s (lease TTL 1.5 s)", takeover.Round(time.Millisecond))
 
-	time.Sleep(300 * time.Millisecond)
+	// The writer goes on after the takeover, until B has reconciled every key
+	// A reconciled.
+	workertest.WaitFor(t, 30*time.Second, "B reconciles every key A reconciled", func() bool {
+		return db.MustCount(t, `SELECT count(DISTINCT item_id) FROM example_reconcile_log a WHERE worker = $1
+			AND NOT EXISTS (SELECT 1 FROM example_reconcile_log b WHERE b.item_id = a.item_id AND b.worker = $2)`,
+			strconv.Itoa(a.pid), strconv.Itoa(b.pid)) == 0
+	})
+	require.Positive(t, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log WHERE worker = $1`, strconv.Itoa(a.pid)),
+		"A reconciled keys before it was killed")
 	stop.Store(true)
 	wg.Wait()
 	workertest.WaitFor(t, 30*time.Second, "every dirtied key converges", func() bool { return converged(t, db) })
 	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM river_job WHERE state NOT IN ('completed')`))
+	// One at a time across processes: by the reconcile log, no two committed
+	// reconciles of one key overlapped in time, whichever process ran them.
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log a JOIN example_reconcile_log b
+		ON a.item_id = b.item_id AND a.id < b.id AND a.started_at < b.finished_at AND b.started_at < a.finished_at`),
+		"two reconciles of one key overlapped")
 }
 
 // TestProcessSIGSTOP: a worker that owns every shard is paused past its lease;
 // another process takes the shards; on SIGCONT the paused process commits
-// nothing and stops working them.
+// nothing, notices its leases lost, and from then on attempts no job: the
+// changes made after that are all reconciled by the new holder.
 func TestProcessSIGSTOP(t *testing.T) {
 	t.Parallel()
 	db := appDB(t)
@@ -208,27 +224,62 @@ func TestProcessSIGSTOP(t *testing.T) {
 	workertest.WaitFor(t, 30*time.Second, "B reconciles everything", func() bool { return converged(t, db) })
 
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
-	time.Sleep(2 * time.Second) // A wakes, finds its leases gone, stops
+	workertest.WaitFor(t, 30*time.Second, "A wakes and notices every lease lost", func() bool { return lostLeases(t, a) == 16 })
+	var lastJob int64
+	require.NoError(t, db.QueryRow(context.Background(), `SELECT coalesce(max(id), 0) FROM river_job`).Scan(&lastJob))
+	// Reconciles (claimed by a shard's holder) and tasks (fetched by River from
+	// the shard queues): A takes none of them.
 	for i := 0; i < 30; i++ {
 		change(t, db, fmt.Sprintf("item-%02d", i), 2)
+		require.NoError(t, insertTask(context.Background(), db, fmt.Sprintf("task-%02d", i)))
 	}
 	workertest.WaitFor(t, 30*time.Second, "converged after SIGCONT", func() bool { return converged(t, db) })
+	workertest.WaitFor(t, 30*time.Second, "every task ran", func() bool { return ranExactlyOnce(t, db, 30) })
+	require.Equal(t, 30, db.MustCount(t, `SELECT count(*) FROM example_task_runs WHERE worker = $1`, strconv.Itoa(b.pid)),
+		"B ran every task, once")
 
 	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log
 		WHERE worker = $1 AND finished_at > $2`, strconv.Itoa(a.pid), stoppedAt),
 		"the paused process committed a reconcile after it was paused")
-	require.Equal(t, 0, leasesOf(t, db, a), "the paused process holds no shard after SIGCONT")
-	require.Greater(t, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log WHERE worker = $1`, strconv.Itoa(b.pid)), 0)
+	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM river_job WHERE id > $1 AND $2 = ANY(attempted_by)`, lastJob, ownerOf(t, db, a)),
+		"the woken process attempted a job after it noticed its leases lost")
+	require.Equal(t, 30, db.MustCount(t, `SELECT count(DISTINCT item_id) FROM example_reconcile_log WHERE worker = $1 AND seen_version = 1`,
+		strconv.Itoa(b.pid)), "B reconciled every change made after A noticed")
+	select {
+	case <-a.done:
+		t.Fatalf("the woken process exited; it should stand by")
+	default:
+	}
+}
+
+// lostLeases counts the shard leases p's log says it lost (taken by another
+// owner, or expired by its own clock without renewal).
+func lostLeases(t *testing.T, p *proc) int {
+	t.Helper()
+	b, err := os.ReadFile(p.log)
+	require.NoError(t, err)
+	lost := map[string]bool{}
+	for _, l := range strings.Split(string(b), "\n") {
+		var rec struct{ Lease, Message string }
+		if json.Unmarshal([]byte(l), &rec) == nil && strings.HasPrefix(rec.Lease, "shard/") &&
+			(rec.Message == "lease lost: another owner took it" || rec.Message == "lease expired without renewal") {
+			lost[rec.Lease] = true
+		}
+	}
+	return len(lost)
 }
 
 // TestProcessGracefulStop: SIGTERM makes a worker finish its jobs and release its
-// leases; the standby takes them over at once, without waiting for them to expire.
+// leases; the standby takes them over at once, without waiting for them to
+// expire. The leases live 20 s, so a takeover by expiry cannot pass for a
+// release on a slow machine.
 func TestProcessGracefulStop(t *testing.T) {
 	t.Parallel()
 	db := appDB(t)
-	a := startWorker(t, db)
+	leases := []string{"BETTER_COMPUTE_LEASE_TTL=20s", "BETTER_COMPUTE_LEASE_RENEW=2s"}
+	a := startWorker(t, db, leases...)
 	workertest.WaitFor(t, 20*time.Second, "A holds every shard", func() bool { return leasesOf(t, db, a) == 16 })
-	b := startWorker(t, db)
+	b := startWorker(t, db, leases...)
 	for i := 0; i < 10; i++ {
 		change(t, db, fmt.Sprintf("item-%02d", i), 1)
 	}
@@ -239,7 +290,7 @@ func TestProcessGracefulStop(t *testing.T) {
 		`SELECT max(expires_at) FROM compute_leases WHERE name LIKE 'shard/%'`).Scan(&lastExpiry))
 	termAt := time.Now()
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGTERM))
-	workertest.WaitFor(t, 20*time.Second, "B holds every shard", func() bool { return leasesOf(t, db, b) == 16 })
+	workertest.WaitFor(t, 60*time.Second, "B holds every shard", func() bool { return leasesOf(t, db, b) == 16 })
 	t.Logf("takeover after SIGTERM: %s", time.Since(termAt).Round(time.Millisecond))
 
 	// A released its leases: B took each before A's last expiry would have let it.
