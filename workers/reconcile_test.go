@@ -403,7 +403,7 @@ func TestCancelledFailingKeyWaitsForTheNextDirty(t *testing.T) {
 	})
 	db.MustExec(t, `UPDATE river_job SET state = 'cancelled', finalized_at = $1 WHERE kind = 'reconcile'`, time.Now())
 	before := runs.Load()
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // room for a wrong thing: a claim of the cancelled key
 	require.Equal(t, before, runs.Load(), "a cancelled key is not claimed again by itself")
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_dirty`), "it stays dirty")
 
