@@ -101,7 +101,9 @@ func startWorkerOn(t *testing.T, db *pgtest.DB, shards string, env ...string) *p
 		"BETTER_COMPUTE_DATABASE_URL="+db.URL,
 		"BETTER_COMPUTE_LEASE_TTL=1500ms",
 		"BETTER_COMPUTE_LEASE_RENEW=250ms",
-		"BETTER_COMPUTE_POLL_INTERVAL=20ms",
+		// 50 ms, not 20: several tests run several processes at once, each
+		// polling every held queue, on a loaded two-core machine.
+		"BETTER_COMPUTE_POLL_INTERVAL=50ms",
 		"BETTER_COMPUTE_STOP_GRACE=2s",
 		"BETTER_COMPUTE_STATEMENT_TIMEOUT=3s",
 		"BETTER_COMPUTE_LOG_FORMAT=json",
