@@ -3,6 +3,7 @@ package jobs_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -93,4 +94,51 @@ func TestMarkDirtyFromSQL(t *testing.T) {
 	db.MustExec(t, `SELECT compute_mark_dirty(kind => 'item', key => 'later', delay_seconds => 600)`)
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_dirty WHERE key = 'later' AND gen = 3
 		AND not_before BETWEEN compute_now() + interval '59 seconds' AND compute_now() + interval '61 seconds'`))
+}
+
+// fnv1a32 is FNV-1a, 32 bits, written out from its definition (offset basis
+// 2166136261, prime 16777619), apart from the hash/fnv that KeyHash uses.
+func fnv1a32(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return h
+}
+
+// TestShardOfIsFNV1aModCount: a key's shard is FNV-1a(key) mod the shard count,
+// for every count, and pinned to literal values (FNV-1a's published vectors for
+// "a" and "foobar" among them): a changed hash would move every key of a
+// running deployment to another shard.
+func TestShardOfIsFNV1aModCount(t *testing.T) {
+	t.Parallel()
+	// Literal: key, its hash, and its shard among 1, 7, 16, 256 and 4096 shards.
+	for _, p := range []struct {
+		key    string
+		hash   uint32
+		shards [5]int
+	}{
+		{"a", 0xe40c292c, [5]int{0, 5, 12, 44, 2348}},
+		{"foobar", 0xbf9cf968, [5]int{0, 0, 8, 104, 2408}},
+		{"order-42", 0x572446f4, [5]int{0, 4, 4, 244, 1780}},
+		{"item-07", 0xd5377a0c, [5]int{0, 4, 12, 12, 2572}},
+		{"ünïcödé ✓", 0x3483e249, [5]int{0, 3, 9, 73, 585}},
+	} {
+		require.Equal(t, p.hash, jobs.KeyHash(p.key), "KeyHash(%q)", p.key)
+		for i, count := range []int{1, 7, 16, 256, 4096} {
+			require.Equal(t, p.shards[i], jobs.ShardOf(p.key, count), "ShardOf(%q, %d)", p.key, count)
+		}
+	}
+	// Computed: many keys, many counts.
+	for i := 0; i < 2000; i++ {
+		key := fmt.Sprintf("key-%d", i)
+		if i%3 == 0 {
+			key = strings.Repeat("é", i%257) + key
+		}
+		require.Equal(t, fnv1a32(key), jobs.KeyHash(key), "KeyHash(%q)", key)
+		for _, count := range []int{1, 2, 3, 7, 16, 100, 1024, 4096} {
+			require.Equal(t, int(fnv1a32(key)%uint32(count)), jobs.ShardOf(key, count), "ShardOf(%q, %d)", key, count)
+		}
+	}
 }

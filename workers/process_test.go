@@ -2,6 +2,7 @@ package workers_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
@@ -99,7 +101,9 @@ func startWorkerOn(t *testing.T, db *pgtest.DB, shards string, env ...string) *p
 		"BETTER_COMPUTE_DATABASE_URL="+db.URL,
 		"BETTER_COMPUTE_LEASE_TTL=1500ms",
 		"BETTER_COMPUTE_LEASE_RENEW=250ms",
-		"BETTER_COMPUTE_POLL_INTERVAL=20ms",
+		// 50 ms, not 20: several tests run several processes at once, each
+		// polling every held queue, on a loaded two-core machine.
+		"BETTER_COMPUTE_POLL_INTERVAL=50ms",
 		"BETTER_COMPUTE_STOP_GRACE=2s",
 		"BETTER_COMPUTE_STATEMENT_TIMEOUT=3s",
 		"BETTER_COMPUTE_LOG_FORMAT=json",
@@ -144,7 +148,7 @@ func converged(t *testing.T, db *pgtest.DB) bool {
 
 // TestProcessKill9Takeover: kill -9 a worker process mid-reconcile; the other
 // process takes over its shards, hands back its running jobs, and every dirtied
-// key converges.
+// key converges; no two reconciles of a key, in either process, overlapped.
 func TestProcessKill9Takeover(t *testing.T) {
 	t.Parallel()
 	db := appDB(t)
@@ -162,8 +166,9 @@ func TestProcessKill9Takeover(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 		}
 	}()
-	workertest.WaitFor(t, 20*time.Second, "A is mid-reconcile", func() bool {
-		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE state = 'running'`) > 0
+	workertest.WaitFor(t, 20*time.Second, "A has reconciled keys and is mid-reconcile", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM example_reconcile_log WHERE worker = $1`, strconv.Itoa(a.pid)) >= 5 &&
+			db.MustCount(t, `SELECT count(*) FROM river_job WHERE state = 'running'`) > 0
 	})
 	killed := time.Now()
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGKILL))
@@ -171,16 +176,30 @@ func TestProcessKill9Takeover(t *testing.T) {
 	takeover := time.Since(killed)
 	t.Logf("takeover after kill -9: %s (lease TTL 1.5 s)", takeover.Round(time.Millisecond))
 
-	time.Sleep(300 * time.Millisecond)
+	// The writer goes on after the takeover, until B has reconciled every key
+	// A reconciled.
+	workertest.WaitFor(t, 30*time.Second, "B reconciles every key A reconciled", func() bool {
+		return db.MustCount(t, `SELECT count(DISTINCT item_id) FROM example_reconcile_log a WHERE worker = $1
+			AND NOT EXISTS (SELECT 1 FROM example_reconcile_log b WHERE b.item_id = a.item_id AND b.worker = $2)`,
+			strconv.Itoa(a.pid), strconv.Itoa(b.pid)) == 0
+	})
+	require.Positive(t, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log WHERE worker = $1`, strconv.Itoa(a.pid)),
+		"A reconciled keys before it was killed")
 	stop.Store(true)
 	wg.Wait()
 	workertest.WaitFor(t, 30*time.Second, "every dirtied key converges", func() bool { return converged(t, db) })
 	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM river_job WHERE state NOT IN ('completed')`))
+	// One at a time across processes: by the reconcile log, no two committed
+	// reconciles of one key overlapped in time, whichever process ran them.
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log a JOIN example_reconcile_log b
+		ON a.item_id = b.item_id AND a.id < b.id AND a.started_at < b.finished_at AND b.started_at < a.finished_at`),
+		"two reconciles of one key overlapped")
 }
 
 // TestProcessSIGSTOP: a worker that owns every shard is paused past its lease;
 // another process takes the shards; on SIGCONT the paused process commits
-// nothing and stops working them.
+// nothing, notices its leases lost, and from then on attempts no job: the
+// changes made after that are all reconciled by the new holder.
 func TestProcessSIGSTOP(t *testing.T) {
 	t.Parallel()
 	db := appDB(t)
@@ -207,27 +226,62 @@ func TestProcessSIGSTOP(t *testing.T) {
 	workertest.WaitFor(t, 30*time.Second, "B reconciles everything", func() bool { return converged(t, db) })
 
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
-	time.Sleep(2 * time.Second) // A wakes, finds its leases gone, stops
+	workertest.WaitFor(t, 30*time.Second, "A wakes and notices every lease lost", func() bool { return lostLeases(t, a) == 16 })
+	var lastJob int64
+	require.NoError(t, db.QueryRow(context.Background(), `SELECT coalesce(max(id), 0) FROM river_job`).Scan(&lastJob))
+	// Reconciles (claimed by a shard's holder) and tasks (fetched by River from
+	// the shard queues): A takes none of them.
 	for i := 0; i < 30; i++ {
 		change(t, db, fmt.Sprintf("item-%02d", i), 2)
+		require.NoError(t, insertTask(context.Background(), db, fmt.Sprintf("task-%02d", i)))
 	}
 	workertest.WaitFor(t, 30*time.Second, "converged after SIGCONT", func() bool { return converged(t, db) })
+	workertest.WaitFor(t, 30*time.Second, "every task ran", func() bool { return ranExactlyOnce(t, db, 30) })
+	require.Equal(t, 30, db.MustCount(t, `SELECT count(*) FROM example_task_runs WHERE worker = $1`, strconv.Itoa(b.pid)),
+		"B ran every task, once")
 
 	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log
 		WHERE worker = $1 AND finished_at > $2`, strconv.Itoa(a.pid), stoppedAt),
 		"the paused process committed a reconcile after it was paused")
-	require.Equal(t, 0, leasesOf(t, db, a), "the paused process holds no shard after SIGCONT")
-	require.Greater(t, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log WHERE worker = $1`, strconv.Itoa(b.pid)), 0)
+	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM river_job WHERE id > $1 AND $2 = ANY(attempted_by)`, lastJob, ownerOf(t, db, a)),
+		"the woken process attempted a job after it noticed its leases lost")
+	require.Equal(t, 30, db.MustCount(t, `SELECT count(DISTINCT item_id) FROM example_reconcile_log WHERE worker = $1 AND seen_version = 1`,
+		strconv.Itoa(b.pid)), "B reconciled every change made after A noticed")
+	select {
+	case <-a.done:
+		t.Fatalf("the woken process exited; it should stand by")
+	default:
+	}
+}
+
+// lostLeases counts the shard leases p's log says it lost (taken by another
+// owner, or expired by its own clock without renewal).
+func lostLeases(t *testing.T, p *proc) int {
+	t.Helper()
+	b, err := os.ReadFile(p.log)
+	require.NoError(t, err)
+	lost := map[string]bool{}
+	for _, l := range strings.Split(string(b), "\n") {
+		var rec struct{ Lease, Message string }
+		if json.Unmarshal([]byte(l), &rec) == nil && strings.HasPrefix(rec.Lease, "shard/") &&
+			(rec.Message == "lease lost: another owner took it" || rec.Message == "lease expired without renewal") {
+			lost[rec.Lease] = true
+		}
+	}
+	return len(lost)
 }
 
 // TestProcessGracefulStop: SIGTERM makes a worker finish its jobs and release its
-// leases; the standby takes them over at once, without waiting for them to expire.
+// leases; the standby takes them over at once, without waiting for them to
+// expire. The leases live 20 s, so a takeover by expiry cannot pass for a
+// release on a slow machine.
 func TestProcessGracefulStop(t *testing.T) {
 	t.Parallel()
 	db := appDB(t)
-	a := startWorker(t, db)
+	leases := []string{"BETTER_COMPUTE_LEASE_TTL=20s", "BETTER_COMPUTE_LEASE_RENEW=2s"}
+	a := startWorker(t, db, leases...)
 	workertest.WaitFor(t, 20*time.Second, "A holds every shard", func() bool { return leasesOf(t, db, a) == 16 })
-	b := startWorker(t, db)
+	b := startWorker(t, db, leases...)
 	for i := 0; i < 10; i++ {
 		change(t, db, fmt.Sprintf("item-%02d", i), 1)
 	}
@@ -238,7 +292,7 @@ func TestProcessGracefulStop(t *testing.T) {
 		`SELECT max(expires_at) FROM compute_leases WHERE name LIKE 'shard/%'`).Scan(&lastExpiry))
 	termAt := time.Now()
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGTERM))
-	workertest.WaitFor(t, 20*time.Second, "B holds every shard", func() bool { return leasesOf(t, db, b) == 16 })
+	workertest.WaitFor(t, 60*time.Second, "B holds every shard", func() bool { return leasesOf(t, db, b) == 16 })
 	t.Logf("takeover after SIGTERM: %s", time.Since(termAt).Round(time.Millisecond))
 
 	// A released its leases: B took each before A's last expiry would have let it.
@@ -252,4 +306,87 @@ func TestProcessGracefulStop(t *testing.T) {
 		change(t, db, fmt.Sprintf("item-%02d", i), 2)
 	}
 	workertest.WaitFor(t, 20*time.Second, "B reconciles", func() bool { return converged(t, db) })
+}
+
+// keysInOwnShards returns n keys starting with prefix, each in a shard of its
+// own (of 16) that none of taken uses, and marks their shards taken.
+func keysInOwnShards(prefix string, n int, taken map[int]bool) []string {
+	var out []string
+	for i := 0; len(out) < n; i++ {
+		k := fmt.Sprintf("%s%02d", prefix, i)
+		if s := jobs.ShardOf(k, 16); !taken[s] {
+			taken[s] = true
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// TestProcessSIGTERMMidReconcile: SIGTERM reaches a worker while reconciles are
+// in flight. Those that fit in its stop grace finish and commit in it; those
+// that outlive the grace are cancelled and handed back by the stopping
+// process, and the standby finishes them. Each key is reconciled exactly once
+// (the reconcile log is the database's record), and no two reconciles of a key
+// overlapped.
+func TestProcessSIGTERMMidReconcile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := appDB(t)
+	// Leases with room: nothing here waits for an expiry.
+	leases := []string{"BETTER_COMPUTE_LEASE_TTL=10s", "BETTER_COMPUTE_LEASE_RENEW=1s"}
+	// A: short reconciles take 2 s, long ones a minute; the grace is 6 s.
+	a := startWorker(t, db, append(leases, "BETTER_COMPUTE_STOP_GRACE=6s",
+		"EXAMPLE_RECONCILE_SLEEP=2s", "EXAMPLE_RECONCILE_SLOW=1m")...)
+	workertest.WaitFor(t, 30*time.Second, "A holds every shard", func() bool { return leasesOf(t, db, a) == 16 })
+	b := startWorker(t, db, append(leases, "EXAMPLE_RECONCILE_SLEEP=10ms", "EXAMPLE_RECONCILE_SLOW=10ms")...)
+	ownerA := ownerOf(t, db, a)
+	require.Zero(t, leasesOf(t, db, b), "B stands by")
+
+	// Each key in a shard of its own, so each is a batch (a job) of its own.
+	taken := map[int]bool{}
+	slow, fast := keysInOwnShards("slow-", 3, taken), keysInOwnShards("fast-", 3, taken)
+	// A reconcile in flight: its transaction made its UPDATE and sleeps.
+	inFlight := func() int {
+		return db.MustCount(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND state = 'idle in transaction' AND query LIKE 'UPDATE example_items SET reconciled_qty%'`)
+	}
+	for _, k := range slow {
+		change(t, db, k, 1)
+	}
+	workertest.WaitFor(t, 30*time.Second, "A runs the slow reconciles", func() bool { return inFlight() == 3 })
+	for _, k := range fast {
+		change(t, db, k, 1)
+	}
+	workertest.WaitFor(t, 30*time.Second, "A runs the fast reconciles too", func() bool { return inFlight() == 6 })
+	termAt := dbNow(t, db)
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGTERM))
+	code, log := exitedWith(t, a, 60*time.Second)
+	require.Equal(t, 0, code, log)
+	require.Contains(t, log, "grace period over: cancelling in-flight jobs")
+	workertest.WaitFor(t, 30*time.Second, "every key converges", func() bool { return converged(t, db) })
+	var record string
+	require.NoError(t, db.QueryRow(ctx, `SELECT string_agg(format('%s by %s from %s to %s', item_id, worker, started_at - $1, finished_at - $1), '; ' ORDER BY id)
+		FROM example_reconcile_log`, termAt).Scan(&record))
+	t.Logf("reconciles, from SIGTERM (A is %d, B %d): %s", a.pid, b.pid, record)
+	for _, k := range fast {
+		require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log WHERE item_id = $1
+			AND worker = $2 AND started_at < $3 AND finished_at > $3`, k, strconv.Itoa(a.pid), termAt),
+			"%s: in flight at SIGTERM, it fits in the grace: A finishes and commits it", k)
+	}
+	for _, k := range slow {
+		require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log WHERE item_id = $1 AND worker = $2`,
+			k, strconv.Itoa(b.pid)), "%s: it outlives the grace: B finishes it", k)
+		// Its batch job: A's attempt, handed back by A itself as it stopped
+		// (a takeover's or River's rescue would have written an error), then B's.
+		require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'reconcile_batch'
+			AND args->'keys' = jsonb_build_array($1::text) AND state = 'completed' AND attempt = 2
+			AND attempted_by = ARRAY[$2, $3] AND coalesce(cardinality(errors), 0) = 0`, k, ownerA, ownerOf(t, db, b)),
+			"%s: A handed its batch back at its stop, and B worked it", k)
+	}
+	require.Equal(t, 6, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log`), "each key reconciled exactly once")
+	require.Equal(t, 6, db.MustCount(t, `SELECT count(*) FROM river_job`), "no other job: no key became its own (failing) job")
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM river_job WHERE state <> 'completed'`))
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log a JOIN example_reconcile_log b
+		ON a.item_id = b.item_id AND a.id < b.id AND a.started_at < b.finished_at AND b.started_at < a.finished_at`),
+		"two reconciles of one key overlapped")
 }

@@ -403,7 +403,7 @@ func TestCancelledFailingKeyWaitsForTheNextDirty(t *testing.T) {
 	})
 	db.MustExec(t, `UPDATE river_job SET state = 'cancelled', finalized_at = $1 WHERE kind = 'reconcile'`, time.Now())
 	before := runs.Load()
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // room for a wrong thing: a claim of the cancelled key
 	require.Equal(t, before, runs.Load(), "a cancelled key is not claimed again by itself")
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_dirty`), "it stays dirty")
 
@@ -412,4 +412,83 @@ func TestCancelledFailingKeyWaitsForTheNextDirty(t *testing.T) {
 	workertest.WaitFor(t, 30*time.Second, "reconciled after the next dirty", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM compute_dirty`) == 0
 	})
+}
+
+// TestBatchOfOneIsOneKeyPerTransaction: a reconciler with Batch: 1 reconciles
+// one key per transaction, each in a batch job of its own, even when many keys
+// of one shard are due at once.
+func TestBatchOfOneIsOneKeyPerTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(t, `UPDATE compute_settings SET shard_count = 1`) // every key in shard 0
+	db.MustExec(t, `CREATE TABLE done (key text, txid xid8 DEFAULT pg_current_xact_id())`)
+	reg := workers.NewRegistry()
+	require.NoError(t, workers.AddReconciler(reg, workers.Reconciler{Kind: "thing", Batch: 1,
+		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO done (key) VALUES ($1)`, key)
+			return workers.Result{}, err
+		}}))
+	const keys = 20
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		for i := 0; i < keys; i++ {
+			if err := jobs.DirtyTx(ctx, tx, "thing", fmt.Sprintf("k%02d", i), nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	workertest.Start(t, db.Pool, reg, &workers.Options{Shards: []int{0}})
+	workertest.WaitFor(t, 30*time.Second, "every key reconciled", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM compute_dirty`) == 0
+	})
+	require.Equal(t, keys, db.MustCount(t, `SELECT count(*) FROM done`), "each key reconciled once")
+	require.Equal(t, keys, db.MustCount(t, `SELECT count(DISTINCT key) FROM done`))
+	require.Equal(t, keys, db.MustCount(t, `SELECT count(DISTINCT txid) FROM done`), "one key per transaction")
+	require.Equal(t, keys, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'reconcile_batch'
+		AND state = 'completed' AND jsonb_array_length(args->'keys') = 1`), "one batch job per key, each holding one key")
+	require.Equal(t, keys, db.MustCount(t, `SELECT count(*) FROM river_job`))
+}
+
+// TestResyncReconcilesKeysNeverDirtied: a reconciler with List has every key
+// it lists reconciled at every resync interval, though nothing ever dirtied
+// them, by a resync job enqueued every interval (not sooner).
+func TestResyncReconcilesKeysNeverDirtied(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(t, `CREATE TABLE owned (key text PRIMARY KEY)`)
+	db.MustExec(t, `INSERT INTO owned SELECT 'k' || i FROM generate_series(1, 5) i`)
+	db.MustExec(t, `CREATE TABLE seen (key text, at timestamptz DEFAULT clock_timestamp())`)
+	reg := workers.NewRegistry()
+	require.NoError(t, workers.AddReconciler(reg, workers.Reconciler{Kind: "owned",
+		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO seen (key) VALUES ($1)`, key)
+			return workers.Result{}, err
+		},
+		List: func(ctx context.Context, db pg.DBTX, after string, limit int) ([]string, error) {
+			rows, err := db.Query(ctx, `SELECT key FROM owned WHERE key > $1 ORDER BY key LIMIT $2`, after, limit)
+			if err != nil {
+				return nil, err
+			}
+			return pgx.CollectRows(rows, pgx.RowTo[string])
+		}}))
+	const every = 2 * time.Second
+	started := dbNow(t, db)
+	workertest.Start(t, db.Pool, reg, &workers.Options{ResyncEvery: every})
+	workertest.WaitFor(t, 30*time.Second, "every listed key reconciled by two resyncs", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM (SELECT key FROM seen GROUP BY key HAVING count(*) >= 2) s`) == 5
+	})
+	// The resync jobs were scheduled an interval apart, the first an interval
+	// after the start.
+	var first time.Time
+	require.NoError(t, db.QueryRow(ctx, `SELECT min(scheduled_at) FROM river_job WHERE kind = 'reconcile_resync'`).Scan(&first))
+	require.GreaterOrEqual(t, first.Sub(started), every-100*time.Millisecond, "the first resync came before its interval")
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM river_job a JOIN river_job b ON a.kind = 'reconcile_resync'
+		AND b.kind = 'reconcile_resync' AND a.id < b.id AND b.scheduled_at - a.scheduled_at < $1::interval`,
+		(every-100*time.Millisecond).String()), "two resyncs within one interval")
+	// No key was reconciled more often than it was resynced.
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM (SELECT key FROM seen GROUP BY key
+		HAVING count(*) > (SELECT count(*) FROM river_job WHERE kind = 'reconcile_resync' AND state = 'completed')) s`),
+		"a key reconciled more often than the resyncs that listed it")
 }

@@ -170,13 +170,16 @@ func TestProcessDuplicateIdentity(t *testing.T) {
 	require.Equal(t, 1, code, log)
 	require.Contains(t, log, "CONFLICT")
 	require.Contains(t, log, "worker identity billing-0 is in use by a live process")
-	time.Sleep(2 * time.Second) // long enough for a flap to show
+	time.Sleep(2 * time.Second) // room for a wrong thing: a flap would show within two renewals' time
 	require.Equal(t, 16, leasesOf(t, db, a), "A keeps every shard")
 	require.Equal(t, before, epochs(t, db), "no lease changed hands")
 
 	// A paused past its heartbeat: C replaces it and takes its leases at once.
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
-	time.Sleep(3500 * time.Millisecond) // three heartbeats missed
+	workertest.WaitFor(t, 30*time.Second, "A silent for three heartbeats", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM compute_workers WHERE identity = 'billing-0'
+			AND seen_at < compute_now() - interval '3500 milliseconds'`) == 1
+	})
 	c := startWorker(t, db, env...)
 	workertest.WaitFor(t, 10*time.Second, "C holds every shard", func() bool { return leasesOf(t, db, c) == 16 })
 	require.Equal(t, "billing-0#2", ownerOf(t, db, c))

@@ -24,6 +24,7 @@ import (
 	"io/fs"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -72,7 +73,10 @@ func Module() cli.Module {
 
 // reconcile copies an item's qty to reconciled_qty and logs what it saw. With
 // EXAMPLE_RECONCILE_SLEEP set (a duration), it holds its transaction open that
-// long, so tests can pause or kill a worker mid-reconcile.
+// long, so tests can pause or kill a worker mid-reconcile; with
+// EXAMPLE_RECONCILE_SLOW set, an item whose id starts with "slow-" holds it
+// that long instead, so one process can have short and long reconciles in
+// flight at once.
 func reconcile(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
 	// The start is read before any lock, so two overlapping reconciles of one key
 	// would show overlapping intervals even if one waited for the other's lock.
@@ -86,7 +90,11 @@ func reconcile(ctx context.Context, tx pgx.Tx, key string) (workers.Result, erro
 	if err != nil {
 		return workers.Result{}, err
 	}
-	if d, err := time.ParseDuration(os.Getenv("EXAMPLE_RECONCILE_SLEEP")); err == nil && d > 0 {
+	sleep := os.Getenv("EXAMPLE_RECONCILE_SLEEP")
+	if slow := os.Getenv("EXAMPLE_RECONCILE_SLOW"); slow != "" && strings.HasPrefix(key, "slow-") {
+		sleep = slow
+	}
+	if d, err := time.ParseDuration(sleep); err == nil && d > 0 {
 		select {
 		case <-time.After(d):
 		case <-ctx.Done():

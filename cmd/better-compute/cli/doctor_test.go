@@ -296,3 +296,36 @@ func TestDoctorFindsAWorkflowWithoutAStepJob(t *testing.T) {
 	err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error { return workflow.RetryTx(ctx, tx, "o-1") })
 	require.True(t, fault.Has(err, fault.Conflict), "%v", err)
 }
+
+// TestShardCountFixedAtFirstMigrate: the first migrate stores the configured
+// shard count; a later migrate, worker or doctor configured with another count
+// does not change it. migrate and worker warn and use the stored count, and
+// doctor fails its shards check, naming both counts, until the configuration
+// agrees.
+func TestShardCountFixedAtFirstMigrate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	four := append(dbEnv(db), "BETTER_COMPUTE_SHARD_COUNT=4")
+	eight := append(dbEnv(db), "BETTER_COMPUTE_SHARD_COUNT=8")
+	require.Equal(t, 0, clitest.Run(t, ctx, cli.App{}, four, "migrate").Code)
+	require.Equal(t, 4, db.MustCount(t, `SELECT shard_count FROM compute_settings`))
+
+	r := clitest.Run(t, ctx, cli.App{}, eight, "migrate")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "BETTER_COMPUTE_SHARD_COUNT differs from the shard count fixed at the first migrate")
+	require.Equal(t, 4, db.MustCount(t, `SELECT shard_count FROM compute_settings`), "a later migrate changed the shard count")
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_settings`))
+
+	// A worker configured with 8 shards works the stored 4: shard 7 does not exist.
+	r = clitest.Run(t, ctx, cli.App{}, eight, "worker", "--no-migrate", "--shards", "0-7")
+	require.Equal(t, 1, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "differs from the stored shard count; using the stored one")
+	require.Contains(t, r.Stderr, "4 shards (0-3)")
+
+	r = clitest.Run(t, ctx, cli.App{}, eight, "doctor")
+	require.Regexp(t, `(?m)^FAIL\s+shards\s+the database has 4 shards, BETTER_COMPUTE_SHARD_COUNT says 8: the count is fixed at the first migrate; set it to 4$`, r.Stdout)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 14 checks failed: shards$`)
+	requireAllOK(t, clitest.Run(t, ctx, cli.App{}, four, "doctor"))
+	require.Equal(t, 4, db.MustCount(t, `SELECT shard_count FROM compute_settings`))
+}

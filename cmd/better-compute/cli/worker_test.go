@@ -59,14 +59,15 @@ func TestWorkerBadShards(t *testing.T) {
 }
 
 // TestWorkerRunsAndStops: the worker command works its shards until its context
-// ends, then stops gracefully and releases its leases.
+// ends, then stops gracefully and releases its leases. The leases live a
+// minute, so only a release, not their expiry, frees them right after the stop.
 func TestWorkerRunsAndStops(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan clitest.Result, 1)
 	go func() {
-		done <- clitest.Run(t, ctx, cli.App{}, append(dbEnv(db), "BETTER_COMPUTE_LEASE_RENEW=200ms", "BETTER_COMPUTE_LEASE_TTL=1s"),
+		done <- clitest.Run(t, ctx, cli.App{}, append(dbEnv(db), "BETTER_COMPUTE_LEASE_RENEW=5s", "BETTER_COMPUTE_LEASE_TTL=60s"),
 			"worker", "--shards", "0-3")
 	}()
 	deadline := time.Now().Add(30 * time.Second)
@@ -74,11 +75,13 @@ func TestWorkerRunsAndStops(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "the worker did not take shards 0-3")
 		time.Sleep(20 * time.Millisecond)
 	}
-	require.Equal(t, 4, db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE name IN ('shard/0','shard/1','shard/2','shard/3')`))
+	require.Equal(t, 4, db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE name IN ('shard/0','shard/1','shard/2','shard/3')
+		AND expires_at > compute_now() + interval '30 seconds'`), "the worker holds shards 0-3 for a minute")
 	cancel()
 	r := <-done
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE expires_at > compute_now()`), "leases released on stop")
+	require.Equal(t, 4, db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE name LIKE 'shard/%'`))
 }
 
 // TestMigrateValidatesModulesFirst: a module that registers something invalid
