@@ -68,17 +68,20 @@ SELECT ('00000000-0000-0000-0000-' || lpad((g % 100)::text, 12, '0'))::uuid, 1 F
 // plan tests read. The tests assert on this structure, not on EXPLAIN's text,
 // whose wording changes between PostgreSQL versions.
 type planNode struct {
-	NodeType    string      `json:"Node Type"`
-	Operation   string      `json:"Operation"` // ModifyTable: Insert, Update, Delete
-	Strategy    string      `json:"Strategy"`  // Aggregate, SetOp: Plain, Sorted, Hashed
-	Relation    string      `json:"Relation Name"`
-	Alias       string      `json:"Alias"`
-	Index       string      `json:"Index Name"`
-	Parent      string      `json:"Parent Relationship"`
-	Subplan     string      `json:"Subplan Name"`
-	ActualRows  float64     `json:"Actual Rows"` // fractional from PostgreSQL 18 on
-	ActualLoops float64     `json:"Actual Loops"`
-	Plans       []*planNode `json:"Plans"`
+	NodeType    string  `json:"Node Type"`
+	Operation   string  `json:"Operation"` // ModifyTable: Insert, Update, Delete
+	Strategy    string  `json:"Strategy"`  // Aggregate, SetOp: Plain, Sorted, Hashed
+	Relation    string  `json:"Relation Name"`
+	Alias       string  `json:"Alias"`
+	Index       string  `json:"Index Name"`
+	Parent      string  `json:"Parent Relationship"`
+	Subplan     string  `json:"Subplan Name"`
+	ActualRows  float64 `json:"Actual Rows"` // fractional from PostgreSQL 18 on
+	ActualLoops float64 `json:"Actual Loops"`
+	// Rows a node read and dropped (EXPLAIN ANALYZE).
+	RemovedByFilter  float64     `json:"Rows Removed by Filter"`
+	RemovedByRecheck float64     `json:"Rows Removed by Index Recheck"`
+	Plans            []*planNode `json:"Plans"`
 }
 
 // explain runs EXPLAIN (ANALYZE, COSTS OFF, FORMAT JSON) of sql in tx and

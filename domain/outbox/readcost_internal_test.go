@@ -14,28 +14,14 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 )
 
-// planNode is a node of EXPLAIN (ANALYZE, FORMAT JSON)'s plan.
-type planNode struct {
-	NodeType     string     `json:"Node Type"`
-	Relation     string     `json:"Relation Name"`
-	ActualRows   float64    `json:"Actual Rows"`
-	ActualLoops  float64    `json:"Actual Loops"`
-	RemovedByF   float64    `json:"Rows Removed by Filter"`
-	RemovedByIdx float64    `json:"Rows Removed by Index Recheck"`
-	Plans        []planNode `json:"Plans"`
-}
-
 // touched is how many rows of rel the plan's nodes on it read (returned or
 // filtered out), and the node types that read it.
-func (n planNode) touched(rel string) (rows float64, types []string) {
-	if n.Relation == rel {
-		rows += (n.ActualRows + n.RemovedByF + n.RemovedByIdx) * n.ActualLoops
-		types = append(types, n.NodeType)
-	}
-	for _, c := range n.Plans {
-		r, ts := c.touched(rel)
-		rows += r
-		types = append(types, ts...)
+func (n *planNode) touched(rel string) (rows float64, types []string) {
+	for _, c := range n.nodes() {
+		if c.Relation == rel {
+			rows += (c.ActualRows + c.RemovedByFilter + c.RemovedByRecheck) * c.ActualLoops
+			types = append(types, c.NodeType)
+		}
 	}
 	return rows, types
 }
@@ -87,7 +73,7 @@ func TestReadTouchesRowsProportionalToTheBatch(t *testing.T) {
 				require.NoError(t, db.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql,
 					from.txidText(), from.Seq, batch, topics).Scan(&out))
 				var plans []struct {
-					Plan planNode `json:"Plan"`
+					Plan *planNode `json:"Plan"`
 				}
 				require.NoError(t, json.Unmarshal(out, &plans))
 				rows, types := plans[0].Plan.touched("compute_events")
