@@ -99,6 +99,12 @@ func runBatch(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.Jo
 		if !errors.As(err, &ke) {
 			return err
 		}
+		if ctx.Err() != nil {
+			// The attempt itself was cancelled (the stop grace ended, or the
+			// lease was lost), not the key: nothing committed, and the batch
+			// goes back whole.
+			return err
+		}
 		if err := failKey(ctx, rt, l, row, rec, ke.key, ke.err); err != nil {
 			return err
 		}
