@@ -11,7 +11,6 @@ import (
 
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/workers"
-	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
 // batchLog records, for each batch a backfill's batch function ran (committed
@@ -83,7 +82,7 @@ func TestDrainTakesBatchesWhileFull(t *testing.T) {
 	b := logged(fillBackfill("drain_fill", "drain_items", nil, nil), &log)
 	b.BatchSize = size
 	b.drain = time.Minute // at most half the job's timeout: 30 s
-	workertest.Start(t, db.Pool, registry(t, b), &workers.Options{PollInterval: 2 * time.Second})
+	startWorker(t, db, registry(t, b), &workers.Options{PollInterval: 2 * time.Second})
 
 	started := time.Now()
 	_, err := Start(ctx, db.Pool, b)
@@ -120,7 +119,7 @@ func TestDrainHandsOnAtItsDeadline(t *testing.T) {
 	}, nil), &log)
 	b.BatchSize = size
 	b.drain = 300 * time.Millisecond
-	workertest.Start(t, db.Pool, registry(t, b), nil)
+	startWorker(t, db, registry(t, b), nil)
 	_, err := Start(ctx, db.Pool, b)
 	require.NoError(t, err)
 	waitState(t, db, b.Name, Done, 60*time.Second)
@@ -181,7 +180,7 @@ RETURNING old.n - s.n`, n).Scan(&handled)
 			return handled, err
 		},
 	}
-	workertest.Start(t, db.Pool, registry(t, b), nil)
+	startWorker(t, db, registry(t, b), nil)
 	_, err := Start(ctx, db.Pool, b)
 	require.NoError(t, err)
 	p := waitState(t, db, b.Name, Done, 60*time.Second)
@@ -229,7 +228,7 @@ func TestRateLimitHoldsWhileDraining(t *testing.T) {
 	b.FixedBatchSize = false
 	b.BatchTime = 100 * time.Millisecond
 	b.MaxRowsPerSecond = rate // with BatchTime 100 ms: batches of at most 200 rows
-	workertest.Start(t, db.Pool, registry(t, b), nil)
+	startWorker(t, db, registry(t, b), nil)
 
 	started := time.Now()
 	_, err := Start(ctx, db.Pool, b)
