@@ -369,7 +369,7 @@ func TestResumeStalledBackfill(t *testing.T) {
 	makeTable(t, db, "stall_items", 500)
 	b := fillBackfill("stall_fill", "stall_items", nil, nil)
 	b.Pause = time.Hour // the second batch waits, 'scheduled'
-	startWorker(t, db, registry(t, b), nil)
+	rt := startWorker(t, db, registry(t, b), nil)
 	_, err := Start(ctx, db.Pool, b)
 	require.NoError(t, err)
 
@@ -384,8 +384,10 @@ func TestResumeStalledBackfill(t *testing.T) {
 	_, err = Resume(ctx, db.Pool, b.Name)
 	require.True(t, fault.Has(err, fault.Conflict), "resume of a running backfill with a live job: %v", err)
 
-	db.MustExec(t, `UPDATE river_job SET state = 'cancelled', finalized_at = clock_timestamp() WHERE id = $1`, *p.JobID)
+	_, err = rt.Client().JobCancel(ctx, *p.JobID) // as River UI's cancel does
+	require.NoError(t, err)
 	p = mustGet(t, db, b.Name)
+	require.Equal(t, "cancelled", *p.JobState)
 	require.True(t, p.Stalled())
 
 	r, err := Resume(ctx, db.Pool, b.Name)
