@@ -44,7 +44,8 @@ type Backfill struct {
 	// unfinished rows (WHERE new_column IS NULL) and write with upserts or guarded
 	// updates, so that a retry reaches the same final state. The backfill is done
 	// when a batch returns 0. An error rolls the batch back and is retried with
-	// backoff (INVALID_ARGUMENT cancels the job instead: the backfill stalls).
+	// backoff (INVALID_ARGUMENT cancels the job instead: the backfill stalls); so
+	// does a panic, as INTERNAL_ERROR.
 	//
 	// Give its selection an index (a partial index WHERE new_column IS NULL, or a
 	// cursor of its own kept in a table of its own, in tx): otherwise each batch
@@ -78,6 +79,8 @@ type Backfill struct {
 	// EstimateEvery is how often a batch refreshes the estimate; default 10 s.
 	EstimateEvery time.Duration
 	// Timeout bounds one batch job; default the worker's job timeout (1 min).
+	// A batch still running then is cancelled (its context ends), rolls back
+	// and fails with UNAVAILABLE; River retries it.
 	Timeout time.Duration
 
 	// drain, for tests, replaces DrainFor (0: DrainFor).

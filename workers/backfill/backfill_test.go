@@ -59,8 +59,8 @@ func TestTwoRuntimesRaceOneBackfill(t *testing.T) {
 	if home%2 == 1 {
 		homeShards, otherShards = odd, even
 	}
-	rtHome := workertest.Start(t, db.Pool, registry(t, b), &workers.Options{Shards: homeShards})
-	workertest.Start(t, db.Pool, registry(t, b), &workers.Options{Shards: otherShards})
+	rtHome := startWorker(t, db, registry(t, b), &workers.Options{Shards: homeShards})
+	startWorker(t, db, registry(t, b), &workers.Options{Shards: otherShards})
 
 	_, err := Start(ctx, db.Pool, b)
 	require.NoError(t, err)
@@ -97,7 +97,7 @@ func TestTwoRuntimesRaceOneBackfill(t *testing.T) {
 		return mustGet(t, db, b.Name).Batches >= rows/size/3
 	})
 	require.NoError(t, rtHome.Stop(ctx))
-	workertest.Start(t, db.Pool, registry(t, b), &workers.Options{Shards: homeShards})
+	startWorker(t, db, registry(t, b), &workers.Options{Shards: homeShards})
 
 	waitState(t, db, b.Name, Done, 60*time.Second)
 	close(stop)
@@ -199,7 +199,7 @@ func TestPauseAndResume(t *testing.T) {
 	g := newGate()
 	b := fillBackfill("pause_fill", "pause_items", g.hook, nil)
 	b.BatchSize = size
-	workertest.Start(t, db.Pool, registry(t, b), nil)
+	startWorker(t, db, registry(t, b), nil)
 
 	_, err := Start(ctx, db.Pool, b)
 	require.NoError(t, err)
@@ -264,7 +264,7 @@ func TestCancelAndStartAgain(t *testing.T) {
 	g := newGate()
 	b := fillBackfill("cancel_fill", "cancel_items", g.hook, nil)
 	b.BatchSize = size
-	workertest.Start(t, db.Pool, registry(t, b), nil)
+	startWorker(t, db, registry(t, b), nil)
 
 	first, err := Start(ctx, db.Pool, b)
 	require.NoError(t, err)
@@ -331,7 +331,7 @@ func TestFailingBatchIsRetriedWithItsLastError(t *testing.T) {
 		}
 		return nil
 	})
-	workertest.Start(t, db.Pool, registry(t, b), nil)
+	startWorker(t, db, registry(t, b), nil)
 	_, err := Start(ctx, db.Pool, b)
 	require.NoError(t, err)
 
@@ -369,7 +369,7 @@ func TestResumeStalledBackfill(t *testing.T) {
 	makeTable(t, db, "stall_items", 500)
 	b := fillBackfill("stall_fill", "stall_items", nil, nil)
 	b.Pause = time.Hour // the second batch waits, 'scheduled'
-	workertest.Start(t, db.Pool, registry(t, b), nil)
+	rt := startWorker(t, db, registry(t, b), nil)
 	_, err := Start(ctx, db.Pool, b)
 	require.NoError(t, err)
 
@@ -384,8 +384,10 @@ func TestResumeStalledBackfill(t *testing.T) {
 	_, err = Resume(ctx, db.Pool, b.Name)
 	require.True(t, fault.Has(err, fault.Conflict), "resume of a running backfill with a live job: %v", err)
 
-	db.MustExec(t, `UPDATE river_job SET state = 'cancelled', finalized_at = clock_timestamp() WHERE id = $1`, *p.JobID)
+	_, err = rt.Client().JobCancel(ctx, *p.JobID) // as River UI's cancel does
+	require.NoError(t, err)
 	p = mustGet(t, db, b.Name)
+	require.Equal(t, "cancelled", *p.JobState)
 	require.True(t, p.Stalled())
 
 	r, err := Resume(ctx, db.Pool, b.Name)
@@ -407,7 +409,7 @@ func TestPauseCancelsTheWaitingJob(t *testing.T) {
 	makeTable(t, db, "wait_items", 300)
 	b := fillBackfill("wait_fill", "wait_items", nil, nil)
 	b.Pause = time.Hour
-	workertest.Start(t, db.Pool, registry(t, b), nil)
+	startWorker(t, db, registry(t, b), nil)
 	_, err := Start(ctx, db.Pool, b)
 	require.NoError(t, err)
 	var p *Progress
@@ -434,7 +436,7 @@ func TestMismatchedJobIsCancelled(t *testing.T) {
 	db := newDB(t)
 	makeTable(t, db, "odd_items", 10)
 	b := fillBackfill("odd_fill", "odd_items", nil, nil)
-	workertest.Start(t, db.Pool, registry(t, b), nil)
+	startWorker(t, db, registry(t, b), nil)
 	args, _ := json.Marshal(jobs.Backfill{Name: "other", Epoch: 1, Batch: 0})
 	var id int64
 	q := jobs.ShardQueue(jobs.ShardOf(jobs.BackfillShardKey(b.Name), testShards))

@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
-	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
 // batchLog records, for each batch a backfill's batch function ran (committed
@@ -83,7 +83,7 @@ func TestDrainTakesBatchesWhileFull(t *testing.T) {
 	b := logged(fillBackfill("drain_fill", "drain_items", nil, nil), &log)
 	b.BatchSize = size
 	b.drain = time.Minute // at most half the job's timeout: 30 s
-	workertest.Start(t, db.Pool, registry(t, b), &workers.Options{PollInterval: 2 * time.Second})
+	startWorker(t, db, registry(t, b), &workers.Options{PollInterval: 2 * time.Second})
 
 	started := time.Now()
 	_, err := Start(ctx, db.Pool, b)
@@ -120,7 +120,7 @@ func TestDrainHandsOnAtItsDeadline(t *testing.T) {
 	}, nil), &log)
 	b.BatchSize = size
 	b.drain = 300 * time.Millisecond
-	workertest.Start(t, db.Pool, registry(t, b), nil)
+	startWorker(t, db, registry(t, b), nil)
 	_, err := Start(ctx, db.Pool, b)
 	require.NoError(t, err)
 	waitState(t, db, b.Name, Done, 60*time.Second)
@@ -181,7 +181,7 @@ RETURNING old.n - s.n`, n).Scan(&handled)
 			return handled, err
 		},
 	}
-	workertest.Start(t, db.Pool, registry(t, b), nil)
+	startWorker(t, db, registry(t, b), nil)
 	_, err := Start(ctx, db.Pool, b)
 	require.NoError(t, err)
 	p := waitState(t, db, b.Name, Done, 60*time.Second)
@@ -220,27 +220,27 @@ func TestRateLimitHoldsWhileDraining(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := newDB(t)
-	const rows, rate = 2400, 2000.0
+	const rows, rate = 300, 100.0
 	makeTable(t, db, "rate_items", rows)
 	var log batchLog
 	dumpOnFailure(t, &log)
 	b := logged(fillBackfill("rate_fill", "rate_items", nil, nil), &log)
 	b.BatchSize = 500
 	b.FixedBatchSize = false
-	b.BatchTime = 100 * time.Millisecond
-	b.MaxRowsPerSecond = rate // with BatchTime 100 ms: batches of at most 200 rows
-	workertest.Start(t, db.Pool, registry(t, b), nil)
+	b.BatchTime = 200 * time.Millisecond
+	b.MaxRowsPerSecond = rate // with BatchTime 200 ms: batches of at most 20 rows, 200 ms apart
+	startWorker(t, db, registry(t, b), nil)
 
 	started := time.Now()
 	_, err := Start(ctx, db.Pool, b)
 	require.NoError(t, err)
-	waitState(t, db, b.Name, Done, 60*time.Second)
+	waitState(t, db, b.Name, Done, 2*time.Minute)
 	took := time.Since(started)
 	requireRecount(t, db, b.Name, "rate_items", rows)
 
 	es := log.all()
 	for i, e := range es {
-		require.LessOrEqual(t, e.asked, 200, "batch %d asked for more than MaxRowsPerSecond × BatchTime", i)
+		require.LessOrEqual(t, e.asked, 20, "batch %d asked for more than MaxRowsPerSecond × BatchTime", i)
 		if i == 0 {
 			continue
 		}
@@ -254,7 +254,99 @@ func TestRateLimitHoldsWhileDraining(t *testing.T) {
 	require.GreaterOrEqual(t, last.began.Sub(es[0].began), time.Duration(float64(rows-es[len(es)-2].rows)/rate*float64(time.Second))-time.Millisecond)
 	byJob := jobsOf(es)
 	require.Less(t, len(byJob), len(es), "the drain ran several batches in a job: %v", byJob)
-	t.Logf("%d rows in %d batches, %d jobs, %s (limit: %.0f rows/s)", rows, len(es), len(byJob), took.Round(time.Millisecond), rate)
+
+	// The database's record: each batch's transaction began (compute_now()) at
+	// least n/MaxRowsPerSecond after the previous one, of n rows, began; and the
+	// run, from start to the final batch, averaged no more than the limit.
+	// Without the limit the batches come back to back, several times faster
+	// even on a loaded machine.
+	type txRow struct {
+		at   time.Time
+		rows int
+	}
+	var txs []txRow
+	dbRows, err := db.Query(ctx, `SELECT min(at), count(*) FROM bf_handled WHERE tbl = 'rate_items' GROUP BY txid ORDER BY 1`)
+	require.NoError(t, err)
+	for dbRows.Next() {
+		var r txRow
+		require.NoError(t, dbRows.Scan(&r.at, &r.rows))
+		txs = append(txs, r)
+	}
+	require.NoError(t, dbRows.Err())
+	for i := 1; i < len(txs); i++ {
+		least := time.Duration(float64(txs[i-1].rows) / rate * float64(time.Second))
+		require.GreaterOrEqual(t, txs[i].at.Sub(txs[i-1].at), least-time.Millisecond,
+			"on the record, batch %d began %s after batch %d of %d rows", i, txs[i].at.Sub(txs[i-1].at), i-1, txs[i-1].rows)
+	}
+	p := mustGet(t, db, b.Name)
+	run := p.FinishedAt.Sub(*p.StartedAt)
+	recorded := float64(p.RowsDone) / run.Seconds()
+	require.LessOrEqual(t, recorded, rate*1.01, "on the record, %d rows in %s", p.RowsDone, run)
+	t.Logf("%d rows in %d batches, %d jobs, %s (limit: %.0f rows/s; on the record: %.0f rows/s)",
+		rows, len(es), len(byJob), took.Round(time.Millisecond), rate, recorded)
+}
+
+// EstimateEvery holds: on the database's record (the batches' and the
+// estimates' transaction times), a batch refreshes the estimate exactly when
+// EstimateEvery has passed since the last one (Start's is the first), so the
+// estimate is refreshed every EstimateEvery while batches run, and never more
+// often; and the estimate the progress shows is the last one's.
+func TestEstimateIsRefreshedEveryEstimateEvery(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := newDB(t)
+	const rows, every = 300, time.Second
+	makeTable(t, db, "estimate_items", rows)
+	db.MustExec(t, `CREATE TABLE bf_estimates (at timestamptz NOT NULL DEFAULT compute_now(), left_rows bigint NOT NULL)`)
+	b := fillBackfill("estimate_fill", "estimate_items", nil, nil)
+	b.BatchSize = 10
+	b.Pause = 50 * time.Millisecond // 31 batches, 50 ms or more apart: two seconds or more
+	b.EstimateEvery = every
+	inner := b.Estimate
+	b.Estimate = func(ctx context.Context, db pg.DBTX) (int64, error) {
+		n, err := inner(ctx, db)
+		if err == nil {
+			_, err = db.Exec(ctx, `INSERT INTO bf_estimates (left_rows) VALUES ($1)`, n)
+		}
+		return n, err
+	}
+	startWorker(t, db, registry(t, b), nil)
+	_, err := Start(ctx, db.Pool, b)
+	require.NoError(t, err)
+	p := waitState(t, db, b.Name, Done, 2*time.Minute)
+	requireRecount(t, db, b.Name, "estimate_items", rows)
+
+	times := func(q string) []time.Time {
+		var out []time.Time
+		r, err := db.Query(ctx, q)
+		require.NoError(t, err)
+		for r.Next() {
+			var at time.Time
+			require.NoError(t, r.Scan(&at))
+			out = append(out, at)
+		}
+		require.NoError(t, r.Err())
+		return out
+	}
+	estimates := times(`SELECT at FROM bf_estimates ORDER BY at`)
+	batches := times(`SELECT DISTINCT at FROM bf_handled WHERE tbl = 'estimate_items' ORDER BY at`)
+	require.Equal(t, *p.StartedAt, estimates[0], "the first estimate is Start's")
+	last, e, skipped := estimates[0], 1, 0
+	for i, at := range batches {
+		due := at.Sub(last) >= every
+		refreshed := e < len(estimates) && estimates[e].Equal(at)
+		require.Equal(t, due, refreshed, "batch %d at +%s, %s after the last estimate", i, at.Sub(*p.StartedAt), at.Sub(last))
+		if refreshed {
+			last, e = at, e+1
+		} else {
+			skipped++
+		}
+	}
+	require.Equal(t, len(estimates), e, "every estimate ran in a batch")
+	// Both outcomes occurred: batches that refreshed it and batches too soon to.
+	require.GreaterOrEqual(t, len(estimates), 2, "a batch refreshed the estimate")
+	require.Positive(t, skipped, "a batch within EstimateEvery of the last estimate left it")
+	t.Logf("%d batches, %d estimates, %d left it", len(batches), len(estimates), skipped)
 }
 
 // TestNextBatchSize: the sizing rule as a pure function.

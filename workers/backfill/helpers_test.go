@@ -36,8 +36,28 @@ func newDB(t testing.TB) *pgtest.DB {
 	return db
 }
 
+// startWorker starts a worker runtime as workertest.Start does, with a 10 s
+// lease renewed every second unless o says otherwise: a loaded machine that
+// starves a renewal for a while must not cost a test its lease. The tests about
+// a lost lease take it away on purpose.
+func startWorker(tb testing.TB, db *pgtest.DB, reg *workers.Registry, o *workers.Options) *workers.Runtime {
+	tb.Helper()
+	var opts workers.Options
+	if o != nil {
+		opts = *o
+	}
+	if opts.LeaseTTL == 0 {
+		opts.LeaseTTL = 10 * time.Second
+	}
+	if opts.LeaseRenew == 0 {
+		opts.LeaseRenew = time.Second
+	}
+	return workertest.Start(tb, db.Pool, reg, &opts)
+}
+
 // makeTable creates table (id, v, filled) with n rows to fill, a partial index
-// on the unfilled ones, and the shared log of handled rows.
+// on the unfilled ones, and the shared log of handled rows (at is the start of
+// the batch's transaction, compute_now(): the database's record of when it ran).
 func makeTable(t testing.TB, db *pgtest.DB, table string, n int) {
 	t.Helper()
 	db.MustExec(t, fmt.Sprintf(`CREATE TABLE %[1]s (id bigint PRIMARY KEY, v int NOT NULL, filled int)`, table))
@@ -45,7 +65,8 @@ func makeTable(t testing.TB, db *pgtest.DB, table string, n int) {
 	db.MustExec(t, fmt.Sprintf(`INSERT INTO %[1]s (id, v) SELECT g, g %% 97 FROM generate_series(1, $1) g`, table), n)
 	db.MustExec(t, `CREATE TABLE IF NOT EXISTS bf_handled (
 		tbl text NOT NULL, row_id bigint NOT NULL, batch bigint NOT NULL,
-		txid xid8 NOT NULL DEFAULT pg_current_xact_id(), owner text NOT NULL)`)
+		txid xid8 NOT NULL DEFAULT pg_current_xact_id(), owner text NOT NULL,
+		at timestamptz NOT NULL DEFAULT compute_now())`)
 }
 
 // hook runs at the start of each batch with the batch function's call number

@@ -83,6 +83,10 @@ func runChild(mode string) int {
 	}
 	o := workertest.Fast
 	o.Pool, o.Registry, o.Work, o.Shards = db, reg, true, shards
+	// A lease with room (the test's own worker takes over once it expires,
+	// after the kill): a renewal starved on a loaded machine must not give the
+	// shard away before the hang.
+	o.LeaseTTL, o.LeaseRenew = 5*time.Second, 500*time.Millisecond
 	o.Log = zerolog.New(os.Stderr).Level(zerolog.WarnLevel)
 	rt, err := workers.Start(ctx, o)
 	if err != nil {
@@ -160,7 +164,7 @@ func TestKillMidBatch(t *testing.T) {
 		WHERE id > $1 AND id <= $2 FOR UPDATE SKIP LOCKED) unlocked`, 2*killSize, 3*killSize), "the batch's rows are locked")
 
 	// A second worker waits for the shards; then the child dies.
-	workertest.Start(t, db.Pool, registry(t, b), nil)
+	startWorker(t, db, registry(t, b), nil)
 	require.NoError(t, cmd.Process.Kill())
 	_ = cmd.Wait()
 	killed = true

@@ -26,7 +26,7 @@ type worker struct {
 // Timeout is the backfill's Timeout (0: the runtime's job timeout).
 func (w *worker) Timeout(*river.Job[jobs.Backfill]) time.Duration { return w.b.Timeout }
 
-// maxErrorLen is how much of a batch error last_error keeps.
+// maxErrorLen is how many characters of a batch error last_error keeps.
 const maxErrorLen = 1000
 
 // Work runs the backfill's batches, each in its own fenced transaction, for as
@@ -82,8 +82,13 @@ func (w *worker) Work(ctx context.Context, job *river.Job[jobs.Backfill]) error 
 			}
 		}
 		if err != nil {
-			if !fault.Has(err, fault.Fenced) && !fault.Has(context.Cause(ctx), fault.Fenced) &&
-				!errors.Is(ctx.Err(), context.Canceled) {
+			fenced := fault.Has(err, fault.Fenced) || fault.Has(context.Cause(ctx), fault.Fenced)
+			if !fenced && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				// The job's Timeout cut the batch short: UNAVAILABLE, as a
+				// statement timeout is, and retried.
+				err = fault.Wrap(fault.Unavailable, err, "backfill %s: the batch timed out (the job's timeout is %s)", args.Name, w.timeout(ctx))
+			}
+			if !fenced && !errors.Is(ctx.Err(), context.Canceled) {
 				w.recordError(ctx, job, err)
 			}
 			return err
@@ -112,6 +117,17 @@ func (w *worker) Work(ctx context.Context, job *river.Job[jobs.Backfill]) error 
 			}
 		}
 	}
+}
+
+// timeout is the job's timeout: Timeout, or the runtime's job timeout.
+func (w *worker) timeout(ctx context.Context) time.Duration {
+	if w.b.Timeout > 0 {
+		return w.b.Timeout
+	}
+	if rt := workers.RuntimeFrom(ctx); rt != nil && rt.Options().JobTimeout > 0 {
+		return rt.Options().JobTimeout
+	}
+	return river.JobTimeoutDefault
 }
 
 // drainFor is how long this job may keep taking batches: DrainFor, at most
@@ -208,8 +224,11 @@ FOR UPDATE`, args.Name, args.Epoch, job.ID)
 
 	size := w.b.batchSize(chosen)
 	start := time.Now()
-	n, err := w.b.Batch(ctx, tx, size)
+	n, err, panicked := w.callBatch(ctx, tx, size)
 	took := time.Since(start)
+	if panicked {
+		return fault.New(fault.Internal, "backfill %s batch %d: the batch function panicked: %v", args.Name, batch, err)
+	}
 	if err != nil {
 		return fmt.Errorf("backfill %s batch %d: %w", args.Name, batch, err)
 	}
@@ -289,6 +308,19 @@ WHERE name = $1 AND epoch = $2 AND batches = $3 AND job_id = $8 AND state = 'run
 	return nil
 }
 
+// callBatch calls the batch function; a panic in it is an INTERNAL_ERROR like
+// any other unexpected failure: the batch rolls back, the error is the
+// backfill's last_error, and River retries the job.
+func (w *worker) callBatch(ctx context.Context, tx pgx.Tx, size int) (n int, err error, panicked bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			n, err, panicked = 0, fmt.Errorf("%v", r), true
+		}
+	}()
+	n, err = w.b.Batch(ctx, tx, size)
+	return n, err, false
+}
+
 // recordError stores a failed attempt's error as the backfill's last_error, in
 // a short transaction of its own (the batch's rolled back), for the same run only.
 func (w *worker) recordError(ctx context.Context, job *river.Job[jobs.Backfill], jobErr error) {
@@ -297,9 +329,6 @@ func (w *worker) recordError(ctx context.Context, job *river.Job[jobs.Backfill],
 		return
 	}
 	msg := jobErr.Error()
-	if errors.Is(jobErr, context.DeadlineExceeded) {
-		msg = "the batch timed out: " + msg
-	}
 	for _, s := range rt.Options().Secrets {
 		if s != "" {
 			msg = strings.ReplaceAll(msg, s, "xxxxx")
@@ -322,14 +351,17 @@ WHERE name = $1 AND epoch = $2 AND state = 'running'`, job.Args.Name, job.Args.E
 	}
 }
 
-// truncate cuts s to at most n bytes without splitting a character.
+// truncate cuts s to its first n characters.
 func truncate(s string, n int) string {
-	if len(s) <= n {
+	if utf8.RuneCountInString(s) <= n {
 		return s
 	}
-	s = s[:n]
-	for len(s) > 0 && !utf8.ValidString(s) {
-		s = s[:len(s)-1]
+	i := 0
+	for j := range s {
+		if i == n {
+			return s[:j]
+		}
+		i++
 	}
 	return s
 }

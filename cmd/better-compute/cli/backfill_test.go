@@ -17,6 +17,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
+	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/testdata/backfill/inventory"
@@ -136,7 +137,7 @@ func TestBackfillWorkedExample(t *testing.T) {
 	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM compute_migrations WHERE name = 'inventory/0003_normalized_name_not_null'`))
 
 	// Release 2's worker, and the operator starts the backfill.
-	workertest.Start(t, db.Pool, bfRegistry(t, app(2)), nil)
+	workertest.Start(t, db.Pool, bfRegistry(t, app(2)), &workers.Options{LeaseTTL: 10 * time.Second, LeaseRenew: time.Second})
 	r = clitest.Run(t, ctx, app(2), env, "backfill", "start", "inventory_normalized_name")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "started backfill inventory_normalized_name")
@@ -211,10 +212,15 @@ func TestBackfillWorkedExample(t *testing.T) {
 	r = clitest.Run(t, ctx, app(3), env, "backfill", "list")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Regexp(t, `inventory_normalized_name\s+done\s+\d+`, r.Stdout)
+	r = clitest.Run(t, ctx, app(4), env, "backfill", "list")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.NotRegexp(t, `(?m)^inventory_normalized_name`, r.Stdout, "release 4 does not list it as its own")
+	require.Contains(t, r.Stdout, "also in the database, not registered by this binary: inventory_normalized_name (done)\n")
 }
 
-// verbsApp is an application with two backfills over one table: alpha_fill,
-// which works, and beta_fill, whose every batch fails.
+// verbsApp is an application with three backfills over one table: alpha_fill,
+// which works, beta_fill, whose every batch fails, and gamma_fill, whose batch
+// finds the data wrong (INVALID_ARGUMENT).
 func verbsApp() cli.App {
 	return cli.App{Modules: []cli.Module{{
 		Name: "verbs",
@@ -243,10 +249,19 @@ INSERT INTO verbs_items (id) SELECT g FROM generate_series(1, 500) g;`)}},
 			if err != nil {
 				return err
 			}
-			return backfill.Add(r, backfill.Backfill{
+			err = backfill.Add(r, backfill.Backfill{
 				Name: "beta_fill",
 				Batch: func(ctx context.Context, tx pgx.Tx, n int) (int, error) {
 					return 0, errors.New("beta is broken: column b is cursed")
+				},
+			})
+			if err != nil {
+				return err
+			}
+			return backfill.Add(r, backfill.Backfill{
+				Name: "gamma_fill",
+				Batch: func(ctx context.Context, tx pgx.Tx, n int) (int, error) {
+					return 0, fault.New(fault.InvalidArgument, "item 7 has no price")
 				},
 			})
 		},
@@ -272,7 +287,7 @@ func TestBackfillVerbs(t *testing.T) {
 	}
 	r = clitest.Run(t, ctx, app, env, "backfill", "start", "nope")
 	require.Equal(t, 1, r.Code)
-	require.Equal(t, "NOT_FOUND: unknown backfill \"nope\": this binary knows alpha_fill, beta_fill\n", r.Stderr)
+	require.Equal(t, "NOT_FOUND: unknown backfill \"nope\": this binary knows alpha_fill, beta_fill, gamma_fill\n", r.Stderr)
 	r = clitest.Run(t, ctx, cli.App{}, env, "backfill", "start", "alpha_fill")
 	require.Equal(t, 1, r.Code, "a binary that does not register it does not know it")
 	require.Contains(t, r.Stderr, "NOT_FOUND")
@@ -280,9 +295,13 @@ func TestBackfillVerbs(t *testing.T) {
 	r = clitest.Run(t, ctx, app, env, "backfill", "status", "alpha_fill")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "pending (never started)")
-	r = clitest.Run(t, ctx, app, env, "backfill", "pause", "alpha_fill")
-	require.Equal(t, 1, r.Code)
-	require.Equal(t, "NOT_FOUND: backfill alpha_fill was never started\n", r.Stderr)
+	// pause, resume and cancel of a never-started backfill: NOT_FOUND, the run
+	// they would act on does not exist (CONFLICT is a run's state refusing them).
+	for _, verb := range []string{"pause", "resume", "cancel"} {
+		r = clitest.Run(t, ctx, app, env, "backfill", verb, "alpha_fill")
+		require.Equal(t, 1, r.Code, verb)
+		require.Equal(t, "NOT_FOUND: backfill alpha_fill was never started\n", r.Stderr, verb)
+	}
 
 	// Started with no worker running: it stays running, its first job waiting.
 	r = clitest.Run(t, ctx, app, env, "backfill", "start", "alpha_fill")
@@ -299,7 +318,8 @@ func TestBackfillVerbs(t *testing.T) {
 	require.Regexp(t, `alpha_fill\s+running\s+0\s+0\s+0%`, r.Stdout)
 	require.Regexp(t, `beta_fill\s+pending`, r.Stdout)
 
-	workertest.Start(t, db.Pool, bfRegistry(t, app), nil)
+	// A worker with leases that have room on a loaded machine.
+	workertest.Start(t, db.Pool, bfRegistry(t, app), &workers.Options{LeaseTTL: 10 * time.Second, LeaseRenew: time.Second})
 	r = clitest.Run(t, ctx, app, env, "backfill", "status", "alpha_fill", "--watch", "--every", "50ms", "--progress", "bar")
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Contains(t, r.Stdout, "100%", "the bar ends full")
@@ -343,4 +363,26 @@ func TestBackfillVerbs(t *testing.T) {
 	r = clitest.Run(t, ctx, app, env, "backfill", "cancel", "alpha_fill")
 	require.Equal(t, 1, r.Code)
 	require.Equal(t, "CONFLICT: backfill alpha_fill is done: only a running or paused backfill is cancelled\n", r.Stderr)
+
+	// A batch that finds the data wrong (INVALID_ARGUMENT): its job is cancelled
+	// at once, and status and list show the backfill stalled with the error.
+	r = clitest.Run(t, ctx, app, env, "backfill", "start", "gamma_fill")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	workertest.WaitFor(t, 60*time.Second, "gamma's job cancelled", func() bool {
+		p, err := backfill.Get(ctx, db.Pool, "gamma_fill")
+		return err == nil && p.JobState != nil && *p.JobState == "cancelled"
+	})
+	r = clitest.Run(t, ctx, app, env, "backfill", "status", "gamma_fill")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Regexp(t, `(?m)^state:\s+stalled: its batch job \d+ is cancelled; resume carries it on$`, r.Stdout)
+	require.Regexp(t, `(?m)^last error:\s+attempt 1: backfill gamma_fill batch 0: INVALID_ARGUMENT: item 7 has no price \(.*, 1 failed attempts this run\)$`, r.Stdout)
+	r = clitest.Run(t, ctx, app, env, "backfill", "list")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Regexp(t, `gamma_fill\s+stalled\s+0\s+0\s+-\s+-\s+-\s+attempt 1: backfill gamma_fill batch 0: INVALID_ARGUMENT`, r.Stdout)
+
+	// A binary that registers none of them lists them all the same, from the
+	// database.
+	r = clitest.Run(t, ctx, cli.App{}, env, "backfill", "list")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "also in the database, not registered by this binary: alpha_fill (done), beta_fill (cancelled), gamma_fill (running)\n")
 }
