@@ -44,6 +44,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -517,6 +518,24 @@ func Redact(s, connURL string) string {
 		}
 	}
 	return s
+}
+
+// Secrets are the forms in which the password of connString (a URL or
+// key=value pairs, as pgx reads it, PGPASSWORD included) can appear in an
+// error or a log line: as it is, and URL-escaped. None when it has no password.
+func Secrets(connString string) []string {
+	cfg, err := pgconn.ParseConfig(connString)
+	if err != nil || cfg.Password == "" {
+		return nil
+	}
+	pw := cfg.Password
+	out := []string{pw}
+	for _, esc := range []string{url.QueryEscape(pw), url.PathEscape(pw)} {
+		if !slices.Contains(out, esc) {
+			out = append(out, esc)
+		}
+	}
+	return out
 }
 
 // RedactURL returns connURL with its password replaced by xxxxx, for display.

@@ -555,6 +555,17 @@ func TestOpenErrors(t *testing.T) {
 		kv := "host=db user=bob password=" + secret + " dbname=app"
 		require.NotContains(t, pg.RedactURL(kv), secret)
 	})
+
+	// Secrets: what a worker removes from errors it stores in job rows, for
+	// every way a connection string can give the password.
+	t.Run("secrets", func(t *testing.T) {
+		require.Empty(t, pg.Secrets("postgres://bob@db.example/app"))
+		require.Equal(t, []string{secret}, pg.Secrets("postgres://bob:"+secret+"@db.example/app"))
+		require.Equal(t, []string{secret}, pg.Secrets("host=db user=bob password="+secret+" dbname=app"))
+		require.Equal(t, []string{"it's a s3cret", "it%27s+a+s3cret", "it%27s%20a%20s3cret"},
+			pg.Secrets(`host=db user=bob password='it\'s a s3cret' dbname=app`))
+		require.Equal(t, []string{"p@ss/w0rd", "p%40ss%2Fw0rd", "p@ss%2Fw0rd"}, pg.Secrets("postgres://bob:p%40ss%2Fw0rd@db.example/app"))
+	})
 }
 
 // TestWrongPassword runs a cluster of its own that asks for passwords (the

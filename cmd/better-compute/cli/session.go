@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"net/url"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -156,16 +155,6 @@ func (s *Session) Migrate(ctx context.Context) (*migrate.Result, error) {
 			Msg("BETTER_COMPUTE_SHARD_COUNT differs from the shard count fixed at the first migrate; the stored one is used")
 	}
 	return res, nil
-}
-
-// passwordOf returns the password of a postgres:// URL, or "".
-func passwordOf(u string) string {
-	parsed, err := url.Parse(u)
-	if err != nil || parsed.User == nil {
-		return ""
-	}
-	pw, _ := parsed.User.Password()
-	return pw
 }
 
 // Registry builds the worker registry from the built-in modules and the

@@ -18,6 +18,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/migrate"
+	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 )
 
@@ -164,10 +165,7 @@ func (s *Session) StartWorker(ctx context.Context) (*workers.Runtime, error) {
 
 // secrets are strings never to store in a job row or print.
 func (s *Session) secrets() []string {
-	var out []string
-	if pw := passwordOf(s.Config.DatabaseURL); pw != "" {
-		out = append(out, pw)
-	}
+	out := pg.Secrets(s.Config.DatabaseURL)
 	if s.Config.AuthPassword != "" {
 		out = append(out, s.Config.AuthPassword)
 	}
