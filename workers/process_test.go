@@ -198,8 +198,9 @@ func TestProcessKill9Takeover(t *testing.T) {
 
 // TestProcessSIGSTOP: a worker that owns every shard is paused past its lease;
 // another process takes the shards; on SIGCONT the paused process commits
-// nothing, notices its leases lost, and from then on attempts no job: the
-// changes made after that are all reconciled by the new holder.
+// nothing, notices its leases lost, stops working the shards' queues, and from
+// then on attempts no job: the changes made after that are all reconciled by
+// the new holder.
 func TestProcessSIGSTOP(t *testing.T) {
 	t.Parallel()
 	db := appDB(t)
@@ -226,7 +227,12 @@ func TestProcessSIGSTOP(t *testing.T) {
 	workertest.WaitFor(t, 30*time.Second, "B reconciles everything", func() bool { return converged(t, db) })
 
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
-	workertest.WaitFor(t, 30*time.Second, "A wakes and notices every lease lost", func() bool { return lostLeases(t, a) == 16 })
+	// Noticing a lost lease, a process stops working the shard's queue (River
+	// removes it, waiting for a fetch in flight); a fetch between the two is
+	// fenced. From the last removal on it attempts nothing.
+	workertest.WaitFor(t, 30*time.Second, "A wakes, notices every lease lost and stops working every shard queue", func() bool {
+		return lostLeases(t, a) == 16 && stoppedQueues(t, a) == 16
+	})
 	var lastJob int64
 	require.NoError(t, db.QueryRow(context.Background(), `SELECT coalesce(max(id), 0) FROM river_job`).Scan(&lastJob))
 	// Reconciles (claimed by a shard's holder) and tasks (fetched by River from
@@ -269,6 +275,21 @@ func lostLeases(t *testing.T, p *proc) int {
 		}
 	}
 	return len(lost)
+}
+
+// stoppedQueues counts the shard queues p's log says it stopped working.
+func stoppedQueues(t *testing.T, p *proc) int {
+	t.Helper()
+	b, err := os.ReadFile(p.log)
+	require.NoError(t, err)
+	stopped := map[string]bool{}
+	for _, l := range strings.Split(string(b), "\n") {
+		var rec struct{ Queue, Message string }
+		if json.Unmarshal([]byte(l), &rec) == nil && strings.HasPrefix(rec.Queue, "shard_") && rec.Message == "stopped working queue" {
+			stopped[rec.Queue] = true
+		}
+	}
+	return len(stopped)
 }
 
 // TestProcessGracefulStop: SIGTERM makes a worker finish its jobs and release its
