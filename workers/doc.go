@@ -40,9 +40,12 @@
 //     attempt of the same job).
 //
 // The holder also hands back its own running jobs that none of its goroutines
-// works and that it attempted more than max(renewal, 5 s) ago: attempts whose
-// outcome River's completer could not record (the database restarted under
-// them).
+// works, that it attempted more than max(renewal, 5 s) ago and whose attempt
+// did not return in this process within the last minute: attempts whose outcome
+// River's completer could not record (the database restarted under them). A
+// job whose Work returned is left alone for that minute, while the completer,
+// which writes outcomes asynchronously and retries a failed write, records it:
+// handing it back then would run a finished job again.
 //
 // Work therefore resumes within one TTL after a crash, and within one renewal
 // interval of a stray fetch.
