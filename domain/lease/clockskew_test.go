@@ -3,7 +3,6 @@ package lease_test
 import (
 	"bytes"
 	"context"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -45,18 +44,8 @@ func TestKeeperLogsClockSkewAtRenewal(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	db.MustExec(t, `CREATE SCHEMA skew;
-		CREATE TABLE skew.offset_by (d interval NOT NULL);
-		INSERT INTO skew.offset_by VALUES (interval '0');
-		CREATE FUNCTION skew.compute_now() RETURNS timestamptz LANGUAGE sql STABLE
-			AS $$ SELECT public.compute_now() + (SELECT d FROM skew.offset_by) $$;
-		CREATE FUNCTION skew.compute_clock_mode() RETURNS text LANGUAGE sql STABLE AS $$ SELECT 'system' $$`)
-	u, err := url.Parse(db.URL)
-	require.NoError(t, err)
-	q := u.Query()
-	q.Set("search_path", "skew,public")
-	u.RawQuery = q.Encode()
-	pool, err := pg.Open(ctx, pg.Options{URL: u.String(), MaxConns: 4})
+	skewed, setOffset := db.SkewedClock(t, 0)
+	pool, err := pg.Open(ctx, pg.Options{URL: skewed, MaxConns: 4})
 	require.NoError(t, err)
 	defer pool.Close()
 
@@ -81,7 +70,7 @@ func TestKeeperLogsClockSkewAtRenewal(t *testing.T) {
 	}
 	require.Empty(t, skewRecords(), "no skew logged while the clocks agree")
 
-	db.MustExec(t, `UPDATE skew.offset_by SET d = interval '3 seconds'`)
+	setOffset(3 * time.Second)
 	require.Eventually(t, func() bool { return len(skewRecords()) > 0 }, 30*time.Second, 10*time.Millisecond,
 		"a renewal after the database's clock jumped 3 s logs CLOCK_SKEW")
 	rec := skewRecords()[0]
