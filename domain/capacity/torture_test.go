@@ -195,6 +195,9 @@ END $$`)
 			return db.MustCount(t, `SELECT count(*) FROM capacity_reservations WHERE state = 'hold' AND expires_at <= compute_now()`) == 0
 		})
 		checkInvariants(t, db, fmt.Sprintf("after phase %d", phase))
+		if t.Failed() {
+			dumpDiag(t, db)
+		}
 		checkExpiredOnce(t, db, fmt.Sprintf("after phase %d", phase))
 		require.Zero(t, deadlocks.Load(), "deadlocks (40P01) after phase %d", phase)
 		require.Zero(t, monitorViolations.Load())
@@ -380,4 +383,27 @@ func (s *opStats) String() string {
 	}
 	fmt.Fprintf(&b, "device retries %d", s.retries)
 	return b.String()
+}
+
+// dumpDiag logs, for diagnosis, the bad reservations and the open transactions.
+func dumpDiag(t *testing.T, db *pgtest.DB) {
+	ctx := context.Background()
+	for _, q := range []string{
+		`SELECT r.id || ' ' || r.state || ' ' || r.tenant || ' n=' || r.device_count || ' :: ' || coalesce((SELECT string_agg(b.id || '/' || b.node_id || '/' || b.state || '/xmin=' || b.xmin::text || '/' || coalesce(txid_status(b.xmin::text::bigint), '?'), ' ') FROM capacity_bookings b WHERE b.reservation_id = r.id), '-') FROM capacity_reservations r WHERE r.device_count <> (SELECT count(*) FROM capacity_bookings b WHERE b.reservation_id = r.id) OR EXISTS (SELECT 1 FROM capacity_bookings b WHERE b.reservation_id = r.id AND (b.state <> r.state OR b.during <> r.during))`,
+		`SELECT pid || ' xid=' || coalesce(backend_xid::text, '-') || ' xmin=' || coalesce(backend_xmin::text, '-') || ' ' || coalesce(state, '') || ' xact_start=' || coalesce(xact_start::text, '') || ' wait=' || coalesce(wait_event_type || ':' || wait_event, '') || ' q=' || left(query, 200) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_xid IS NOT NULL`,
+	} {
+		rows, err := db.Pool.Query(ctx, q)
+		if err != nil {
+			t.Logf("diag: %v", err)
+			continue
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Logf("diag: %v", err)
+			continue
+		}
+		for _, l := range lines {
+			t.Logf("diag: %s", l)
+		}
+	}
 }
