@@ -17,6 +17,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/jobs"
@@ -61,6 +63,9 @@ type Options struct {
 	Secrets []string
 	// Metrics, nil for none.
 	Metrics *Metrics
+	// TracerProvider makes the spans of this process's work (platform/telemetry
+	// builds one from the OTEL_* variables); nil records none, at no cost.
+	TracerProvider trace.TracerProvider
 }
 
 // Runtime is a running worker process: a River client, its shard leases and
@@ -80,6 +85,7 @@ type Runtime struct {
 	anchor     *clock.Anchor
 	shardCount int
 	metrics    *Metrics
+	tp         trace.TracerProvider // never nil: a no-op one when Options has none
 
 	runCtx    context.Context // lives until Stop completes
 	runCancel context.CancelFunc
@@ -231,6 +237,10 @@ func newRuntime(o Options, count int) *Runtime {
 		done:      make(chan struct{}),
 		hardStop:  make(chan struct{}),
 		owner:     insertOnlyID(),
+	}
+	rt.tp = o.TracerProvider
+	if rt.tp == nil {
+		rt.tp = noop.NewTracerProvider()
 	}
 	if rt.metrics == nil {
 		rt.metrics = &Metrics{}
@@ -722,3 +732,8 @@ func (rt *Runtime) Stop(ctx context.Context) error {
 	rt.log.Info().Msg("worker stopped")
 	return nil
 }
+
+// TracerProvider is the provider of this process's spans (Options.TracerProvider,
+// or a no-op one): modules' workers start their spans with it
+// (tracing.Start).
+func (rt *Runtime) TracerProvider() trace.TracerProvider { return rt.tp }
