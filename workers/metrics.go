@@ -22,6 +22,7 @@ type Metrics struct {
 	leasesHeld  prometheus.Gauge
 	fences      *prometheus.CounterVec
 	handedBackN prometheus.Counter
+	takeovers   *prometheus.CounterVec
 	reg         prometheus.Registerer
 }
 
@@ -63,9 +64,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "bettercompute_jobs_handed_back_total",
 			Help: "Running jobs of a previous shard holder handed back to the queue at takeover.",
 		}),
+		takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bettercompute_lease_takeovers_total",
+			Help: "Shard leases this process took over from a previous holding (another process's, expired or released), by shard queue.",
+		}, []string{"queue"}),
 	}
 	m.reg = reg
-	reg.MustRegister(m.jobs, m.jobSeconds, m.reconcile, m.latency, m.leasesHeld, m.fences, m.handedBackN)
+	reg.MustRegister(m.jobs, m.jobSeconds, m.reconcile, m.latency, m.leasesHeld, m.fences, m.handedBackN, m.takeovers)
 	return m
 }
 
@@ -98,6 +103,14 @@ func (m *Metrics) leases(n int) {
 func (m *Metrics) fenced(queue string) {
 	if m.fences != nil {
 		m.fences.WithLabelValues(queue).Inc()
+	}
+}
+
+// tookOver counts an acquired shard lease whose epoch says another holding
+// had it before (the first holder of a lease gets epoch 1).
+func (m *Metrics) tookOver(queue string, epoch int64) {
+	if m.takeovers != nil && epoch > 1 {
+		m.takeovers.WithLabelValues(queue).Inc()
 	}
 }
 

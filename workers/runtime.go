@@ -484,6 +484,7 @@ func (rt *Runtime) leaseChanged(l lease.Lease, acquired bool) {
 		rt.cancelQueue(queue, fault.New(fault.Fenced, "lease %s lost", l.Name))
 		rt.wakeClaimLoop(shard) // it sees the loss and ends
 	} else {
+		rt.metrics.tookOver(queue, l.Epoch)
 		rt.startClaimLoop(shard)
 	}
 	rt.mu.Lock()
