@@ -482,6 +482,37 @@ func DueByQueue(ctx context.Context, db pg.DBTX) ([]QueueDepth, error) {
 	})
 }
 
+// oldestRunningSQL: see OldestRunning.
+const oldestRunningSQL = `SELECT queue, kind, count(*), extract(epoch FROM compute_now() - min(attempted_at))::float8
+		FROM river_job WHERE state = 'running' GROUP BY 1, 2`
+
+// RunningAge is the running jobs of one queue and kind: how many, and how long
+// the oldest of them has run by compute_now().
+type RunningAge struct {
+	Queue, Kind string
+	Jobs        int
+	Oldest      time.Duration
+}
+
+// OldestRunning groups the running jobs by queue and kind, with the age of each
+// group's oldest attempt (what the metrics of jobs running past their expected
+// time read).
+func OldestRunning(ctx context.Context, db pg.DBTX) ([]RunningAge, error) {
+	rows, err := db.Query(ctx, oldestRunningSQL)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (RunningAge, error) {
+		var a RunningAge
+		var secs *float64
+		err := row.Scan(&a.Queue, &a.Kind, &a.Jobs, &secs)
+		if secs != nil {
+			a.Oldest = time.Duration(*secs * float64(time.Second))
+		}
+		return a, err
+	})
+}
+
 // runningByAttempterSQL groups the running jobs of shard queues by queue and by
 // the client that last attempted them; $1 is the cut-off before which an attempt
 // is old.

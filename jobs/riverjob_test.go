@@ -50,6 +50,7 @@ func riverJobStatements() map[string]string {
 		"countRunningSQL":              countRunningSQL,
 		"dueByQueueSQL":                dueByQueueSQL,
 		"runningByAttempterSQL":        runningByAttempterSQL,
+		"oldestRunningSQL":             oldestRunningSQL,
 		"StartWorkflowsSQL":            StartWorkflowsSQL,
 		"AdvanceWorkflowSQL":           AdvanceWorkflowSQL,
 		"WakeWorkflowJobSQL":           WakeWorkflowJobSQL,
@@ -309,6 +310,13 @@ attempted_at = clock_timestamp() - make_interval(secs => $2), attempted_by = arr
 	n, _, err = CountRunningLonger(ctx, db, time.Hour)
 	require.NoError(t, err)
 	require.Zero(t, n)
+	ages, err := OldestRunning(ctx, db)
+	require.NoError(t, err)
+	require.Len(t, ages, 1)
+	require.Equal(t, queue, ages[0].Queue)
+	require.Equal(t, Reconcile{}.Kind(), ages[0].Kind)
+	require.Equal(t, 1, ages[0].Jobs)
+	require.InDelta(t, (10 * time.Minute).Seconds(), ages[0].Oldest.Seconds(), 60, "attempted ten minutes ago")
 	groups, err := RunningByAttempter(ctx, db, time.Now().Add(-time.Minute))
 	require.NoError(t, err)
 	require.Len(t, groups, 1)

@@ -108,6 +108,7 @@ type Compiled struct {
 	deleteSQL string
 	failSQL   string
 	freeSQL   string
+	statsSQL  string
 }
 
 // Compile validates t (see Validate) and builds its statements. It sends no
@@ -187,7 +188,35 @@ FROM unnest(` + p(1) + `::bigint[], ` + p(2) + `::text[]) AS f(s, err)
 WHERE t.` + seq + ` = f.s AND ` + where("t") + ` AND t.claimed_until = ` + p(3) + `::timestamptz`
 	c.freeSQL = `UPDATE ` + table + ` t SET claimed_until = NULL
 WHERE t.` + seq + ` = ANY(` + p(1) + `::bigint[]) AND ` + where("t") + ` AND t.claimed_until = ` + p(2) + `::timestamptz`
+	// Both counts stop at StatsCap rows: the backlog walks the sequence index,
+	// the failing rows the partial index (attempts > 0).
+	c.statsSQL = `SELECT
+    (SELECT count(*) FROM (SELECT 1 FROM ` + table + ` t WHERE ` + where("t") + ` ORDER BY t.` + seq + ` LIMIT ` + p(1) + `) x),
+    (SELECT count(DISTINCT k) FROM (SELECT t.` + key + ` AS k FROM ` + table + ` t
+        WHERE ` + where("t") + ` AND (t.claimed_until IS NOT NULL OR t.attempts > 0) AND t.attempts > 0 LIMIT ` + p(1) + `) y)`
 	return c, nil
+}
+
+// StatsCap caps the rows TableStats counts, so a scrape stays cheap behind a
+// huge backlog.
+const StatsCap = 100_000
+
+// TableStats is what a dispatcher's table holds now: the rows waiting to be
+// published (Backlog) and the keys with a row whose publish failed at least
+// once (FailingKeys: each waits for that row's retry), each counted up to
+// StatsCap rows.
+type TableStats struct {
+	Backlog, FailingKeys int64
+}
+
+// Stats counts the table's backlog and failing keys (the outbox metrics).
+func (c *Compiled) Stats(ctx context.Context, db pg.DBTX) (TableStats, error) {
+	var st TableStats
+	err := db.QueryRow(ctx, c.statsSQL, c.args(StatsCap)...).Scan(&st.Backlog, &st.FailingKeys)
+	if err != nil {
+		return st, pg.Translate(fmt.Errorf("error counting outbox table %s: %w", c.t.Table, err))
+	}
+	return st, nil
 }
 
 // Table returns the compiled table with its defaults applied.

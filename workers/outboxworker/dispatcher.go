@@ -119,6 +119,11 @@ type passer interface {
 	pass(ctx context.Context, db pg.DBTX, log zerolog.Logger, budget time.Duration) (n int, more bool, err error)
 	interval() time.Duration
 	timeout() time.Duration
+	stats(ctx context.Context, db pg.DBTX) (dom.TableStats, error)
+}
+
+func (d *Dispatcher[T]) stats(ctx context.Context, db pg.DBTX) (dom.TableStats, error) {
+	return d.c.Stats(ctx, db)
 }
 
 func (d *Dispatcher[T]) interval() time.Duration { return d.o.ReconcileInterval }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/platform/clock"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
@@ -333,15 +334,8 @@ func abbreviate(names []string, n int) string {
 	return strings.Join(names[:n], ", ") + fmt.Sprintf(", … (%d more)", len(names)-n)
 }
 
-// xact is a write transaction open on the server (it has a transaction id), as
-// pg_stat_activity or pg_prepared_xacts show it to this role.
-type xact struct {
-	Database, User, App, State string
-	PID                        int
-	GID                        string     // a prepared transaction's name; "" for a session
-	Start                      *time.Time // nil when this role may not see it
-	XID                        uint32
-}
+// xact is a write transaction open on the server (outbox.ListWriteXacts).
+type xact struct{ outbox.WriteXact }
 
 // describe names x in one line, with how long it has been open at now.
 func (x xact) describe(now time.Time) string {
@@ -381,28 +375,6 @@ func orDash(s string) string {
 }
 
 func quoteLiteralSQL(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-
-// openXactsSQL lists the server's write transactions, in every database: the
-// sessions' (pg_stat_activity hides another role's start time and state from a
-// role without pg_read_all_stats) and the prepared ones.
-const openXactsSQL = `
-SELECT coalesce(datname::text, ''), pid, coalesce(usename::text, ''), coalesce(application_name, ''),
-       coalesce(state, ''), '' AS gid, xact_start, backend_xid::text
-FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
-UNION ALL
-SELECT database::text, 0, owner::text, '', 'prepared', gid, prepared, transaction::text
-FROM pg_prepared_xacts`
-
-// snapshotXminSQL is the xmin of a fresh snapshot: every outbox reader reads only
-// events below it, so the oldest running write transaction, in any database of
-// the server, holds every reader back.
-const snapshotXminSQL = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`
-
-// heldBackSQL counts the committed events of this database that readers may not
-// read yet, at one snapshot's xmin.
-const heldBackSQL = `
-SELECT x::text, (SELECT count(*) FROM compute_events WHERE txid >= x)
-FROM (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS x) s`
 
 // doctorSnapshot checks what holds the outbox's snapshot back: a write
 // transaction open longer than maxAge anywhere on the server. It names the
@@ -452,39 +424,28 @@ func readSnapshotState(ctx context.Context, db *pg.Pool, r *report) (snapshotSta
 		r.fail(snapshotCheck, err, "cannot look for the event log")
 		return snapshotState{}, false
 	}
-	var xminText string
 	if haveEvents {
-		err = db.QueryRow(ctx, heldBackSQL).Scan(&xminText, &st.heldBack)
+		st.xmin, st.heldBack, err = outbox.HeldBack(ctx, db)
 	} else {
-		err = db.QueryRow(ctx, snapshotXminSQL).Scan(&xminText)
+		var xminText string
+		err = db.QueryRow(ctx, outbox.SnapshotXminSQL).Scan(&xminText)
+		st.xmin, _ = strconv.ParseUint(xminText, 10, 64)
 	}
 	if err != nil {
 		r.fail(snapshotCheck, err, "cannot read the snapshot")
 		return snapshotState{}, false
 	}
-	st.xmin, _ = strconv.ParseUint(xminText, 10, 64)
 	return st, true
 }
 
-// listOpenXacts lists the server's write transactions (openXactsSQL).
+// listOpenXacts lists the server's write transactions (outbox.ListWriteXacts).
 func listOpenXacts(ctx context.Context, db *pg.Pool) ([]xact, error) {
-	rows, err := db.Query(ctx, openXactsSQL)
-	if err != nil {
-		return nil, err
+	open, err := outbox.ListWriteXacts(ctx, db)
+	out := make([]xact, len(open))
+	for i, x := range open {
+		out[i] = xact{x}
 	}
-	defer rows.Close()
-	var open []xact
-	for rows.Next() {
-		var x xact
-		var xid string
-		if err := rows.Scan(&x.Database, &x.PID, &x.User, &x.App, &x.State, &x.GID, &x.Start, &xid); err != nil {
-			return nil, err
-		}
-		n, _ := strconv.ParseUint(xid, 10, 32)
-		x.XID = uint32(n)
-		open = append(open, x)
-	}
-	return open, rows.Err()
+	return out, err
 }
 
 // oldestLongXacts is the write transactions of open that have been open longer
@@ -564,7 +525,7 @@ func xminMoves(ctx context.Context, db *pg.Pool, xmin uint64, wait time.Duration
 	defer tick.Stop()
 	for {
 		var text string
-		if err := db.QueryRow(ctx, snapshotXminSQL).Scan(&text); err != nil {
+		if err := db.QueryRow(ctx, outbox.SnapshotXminSQL).Scan(&text); err != nil {
 			return false, err
 		}
 		if now, _ := strconv.ParseUint(text, 10, 64); now != xmin {

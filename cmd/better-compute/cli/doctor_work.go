@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/domain/workflow"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/migrate"
@@ -62,8 +61,12 @@ func (s *Session) doctorShards(ctx context.Context, db *pg.Pool, r *report) (int
 // unexpired lease.
 func (s *Session) doctorLeases(ctx context.Context, db *pg.Pool, r *report, now time.Time, count int) map[int]string {
 	const name = "leases"
-	holder, owners, leaseErr := shardHolders(ctx, db, now)
-	waiting, waitErr := waitingByShard(ctx, db)
+	holder, leaseErr := workers.ShardHolders(ctx, db, now)
+	waiting, waitErr := workers.WaitingByShard(ctx, db)
+	owners := map[string]int{}
+	for _, o := range holder {
+		owners[o]++
+	}
 	var unheld, stuck []string
 	for i := 0; i < count; i++ {
 		if _, held := holder[i]; !held {
@@ -93,44 +96,6 @@ func (s *Session) doctorLeases(ctx context.Context, db *pg.Pool, r *report, now 
 		r.add(name, true, "%d/%d shards held by %s", count, count, strings.Join(ownerList, ", "))
 	}
 	return holder
-}
-
-// shardHolders reads the unexpired shard leases: the owner of each held shard,
-// and how many shards each owner holds. Leases expire by compute_now(), the
-// clock their holders renew them by (now, the server's clock, if it cannot be
-// read). A failed listing returns its error and no holder.
-func shardHolders(ctx context.Context, db *pg.Pool, now time.Time) (map[int]string, map[string]int, error) {
-	leases, err := lease.List(ctx, db, "shard/")
-	leaseNow := now
-	var dbNow time.Time
-	_ = db.QueryRow(ctx, "SELECT compute_now()").Scan(&dbNow)
-	if !dbNow.IsZero() {
-		leaseNow = dbNow
-	}
-	holder := map[int]string{}
-	owners := map[string]int{}
-	for _, l := range leases {
-		var n int
-		if _, err := fmt.Sscanf(l.Name, "shard/%d", &n); err == nil && l.Name == workers.ShardLease(n) && l.ExpiresAt.After(leaseNow) {
-			holder[n] = l.Owner
-			owners[l.Owner]++
-		}
-	}
-	return holder, owners, err
-}
-
-// waitingByShard counts the work waiting for each shard's holder: available
-// jobs of its queue and due dirty keys not yet claimed.
-func waitingByShard(ctx context.Context, db *pg.Pool) (map[int]int, error) {
-	byQueue, err := jobs.CountWaitingInShardQueues(ctx, db)
-	waiting := map[int]int{}
-	for q, c := range byQueue {
-		var n int
-		if _, err := fmt.Sscanf(q, jobs.ShardQueuePrefix+"%d", &n); err == nil {
-			waiting[n] = c
-		}
-	}
-	return waiting, err
 }
 
 // doctorRunning checks for jobs running for longer than StuckAfter: their

@@ -12,8 +12,11 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/riverqueue/river"
 
+	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/web"
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/backfill"
+	"github.com/bettercompute/bettercompute/workers/outboxworker"
 	"github.com/bettercompute/bettercompute/workers/workflowworker"
 )
 
@@ -88,9 +91,10 @@ func (s *Session) StartServe(ctx context.Context, rt *workers.Runtime) (stop fun
 		return nil, err
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(workers.NewQueueCollector(db), workflowworker.NewCollector(db),
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg, err := s.serveRegistry(db)
+	if err != nil {
+		return nil, err
+	}
 	var gatherer prometheus.Gatherer = reg
 	if s.workerMetrics != nil {
 		gatherer = prometheus.Gatherers{reg, withoutRuntimeMetrics(s.workerMetrics)}
@@ -122,6 +126,25 @@ func (s *Session) StartServe(ctx context.Context, rt *workers.Runtime) (stop fun
 	}
 	s.onClose(stop)
 	return stop, nil
+}
+
+// serveRegistry is serve's Prometheus registry: the collectors that read the
+// database at each scrape (jobs and queues, shards, the outbox, backfills,
+// workflows) and the Go runtime and process families.
+func (s *Session) serveRegistry(db *pg.Pool) (*prometheus.Registry, error) {
+	app, err := s.Registry()
+	if err != nil {
+		return nil, err
+	}
+	outboxMetrics, err := outboxworker.NewCollector(db, app)
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(workers.NewQueueCollector(db), workers.NewWorkCollector(db), outboxMetrics,
+		backfill.NewCollector(db), workflowworker.NewCollector(db), workflowworker.NewStepCollector(db),
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg, nil
 }
 
 // withoutRuntimeMetrics drops the Go runtime and process families from the

@@ -1,0 +1,150 @@
+package workers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/bettercompute/bettercompute/domain/lease"
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/migrate"
+	"github.com/bettercompute/bettercompute/platform/pg"
+)
+
+// CollectTimeout bounds one scrape of a collector that reads the database.
+const CollectTimeout = 5 * time.Second
+
+// ShardHolders reads the unexpired shard leases: the owner of each held shard.
+// Leases expire by compute_now(), the clock their holders renew them by
+// (fallback, when it cannot be read). doctor's 'leases' check and
+// WorkCollector read it. A failed listing returns its error and no holder.
+func ShardHolders(ctx context.Context, db pg.DBTX, fallback time.Time) (map[int]string, error) {
+	leases, err := lease.List(ctx, db, "shard/")
+	now := fallback
+	var dbNow time.Time
+	_ = db.QueryRow(ctx, "SELECT compute_now()").Scan(&dbNow)
+	if !dbNow.IsZero() {
+		now = dbNow
+	}
+	holder := map[int]string{}
+	for _, l := range leases {
+		var n int
+		if _, err := fmt.Sscanf(l.Name, "shard/%d", &n); err == nil && l.Name == ShardLease(n) && l.ExpiresAt.After(now) {
+			holder[n] = l.Owner
+		}
+	}
+	return holder, err
+}
+
+// WaitingByShard counts the work waiting for each shard's holder: available
+// jobs of its queue and due dirty keys not yet claimed (shards with none are
+// absent).
+func WaitingByShard(ctx context.Context, db pg.DBTX) (map[int]int, error) {
+	byQueue, err := jobs.CountWaitingInShardQueues(ctx, db)
+	waiting := map[int]int{}
+	for q, c := range byQueue {
+		var n int
+		if _, err := fmt.Sscanf(q, jobs.ShardQueuePrefix+"%d", &n); err == nil && jobs.ShardQueue(n) == q {
+			waiting[n] = c
+		}
+	}
+	return waiting, err
+}
+
+// WorkCollector reports, on each scrape, what doctor's work checks read: how
+// long the oldest due job of each queue has waited, how long the oldest
+// running job of each queue and kind has run, and each shard's holder and
+// waiting work. serve registers it. A query that fails makes its metrics
+// invalid, so /metrics reports the error instead of leaving them out.
+type WorkCollector struct {
+	db            *pg.Pool
+	oldestDue     *prometheus.Desc
+	oldestRunning *prometheus.Desc
+	shards        *prometheus.Desc
+	held          *prometheus.Desc
+	waiting       *prometheus.Desc
+	unheld        *prometheus.Desc
+}
+
+// NewWorkCollector returns a collector reading db.
+func NewWorkCollector(db *pg.Pool) *WorkCollector {
+	return &WorkCollector{
+		db: db,
+		oldestDue: prometheus.NewDesc("bettercompute_queue_oldest_seconds",
+			"Age of the oldest job due in a queue (available, or retryable and scheduled by now), by queue: how long work has waited.", []string{"queue"}, nil),
+		oldestRunning: prometheus.NewDesc("bettercompute_running_oldest_seconds",
+			"Time the oldest running job has run since its attempt began, by queue and kind.", []string{"queue", "kind"}, nil),
+		shards: prometheus.NewDesc("bettercompute_shards", "The database's shard count.", nil, nil),
+		held: prometheus.NewDesc("bettercompute_shard_held",
+			"1 when a worker holds the shard's unexpired lease, 0 when none does, by shard queue.", []string{"queue"}, nil),
+		waiting: prometheus.NewDesc("bettercompute_shard_waiting",
+			"Work waiting for the shard's holder (available jobs and due dirty keys not yet claimed), by shard queue.", []string{"queue"}, nil),
+		unheld: prometheus.NewDesc("bettercompute_shards_unheld_waiting",
+			"Shards that no worker holds while work waits for them: that work waits until a worker takes the shard (doctor's 'leases' check).", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *WorkCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.oldestDue, c.oldestRunning, c.shards, c.held, c.waiting, c.unheld} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *WorkCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), CollectTimeout)
+	defer cancel()
+	if due, err := jobs.DueByQueue(ctx, c.db); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.oldestDue, fmt.Errorf("error reading the due jobs: %w", err))
+	} else {
+		for _, d := range due {
+			ch <- prometheus.MustNewConstMetric(c.oldestDue, prometheus.GaugeValue, d.Oldest.Seconds(), d.Queue)
+		}
+	}
+	if running, err := jobs.OldestRunning(ctx, c.db); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.oldestRunning, fmt.Errorf("error reading the running jobs: %w", err))
+	} else {
+		for _, r := range running {
+			ch <- prometheus.MustNewConstMetric(c.oldestRunning, prometheus.GaugeValue, r.Oldest.Seconds(), r.Queue, r.Kind)
+		}
+	}
+	c.collectShards(ctx, ch)
+}
+
+// collectShards reports the shard count and each shard's holder and waiting work.
+func (c *WorkCollector) collectShards(ctx context.Context, ch chan<- prometheus.Metric) {
+	count, err := migrate.ShardCount(ctx, c.db)
+	var holder map[int]string
+	var waiting map[int]int
+	if err == nil {
+		holder, err = ShardHolders(ctx, c.db, time.Now())
+	}
+	if err == nil {
+		waiting, err = WaitingByShard(ctx, c.db)
+	}
+	if err != nil {
+		err = fmt.Errorf("error reading the shards: %w", err)
+		for _, d := range []*prometheus.Desc{c.shards, c.held, c.waiting, c.unheld} {
+			ch <- prometheus.NewInvalidMetric(d, err)
+		}
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.shards, prometheus.GaugeValue, float64(count))
+	unheld := 0
+	for i := 0; i < count; i++ {
+		q := jobs.ShardQueue(i)
+		_, ok := holder[i]
+		held := 0.0
+		if ok {
+			held = 1
+		} else if waiting[i] > 0 {
+			unheld++
+		}
+		ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, held, q)
+		ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(waiting[i]), q)
+	}
+	ch <- prometheus.MustNewConstMetric(c.unheld, prometheus.GaugeValue, float64(unheld))
+}
