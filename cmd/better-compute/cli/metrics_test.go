@@ -303,13 +303,17 @@ func TestServeMetricsReportTheDatabase(t *testing.T) {
 }
 
 // pollUntil polls cond every 20 ms until it holds, failing with what was
-// awaited after timeout.
-func pollUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+// awaited (and detail's last word, if given) after timeout.
+func pollUntil(t *testing.T, timeout time.Duration, what string, cond func() bool, detail ...func() string) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+			more := ""
+			for _, d := range detail {
+				more += "\n" + d()
+			}
+			t.Fatalf("timed out after %s waiting for %s%s", timeout, what, more)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
