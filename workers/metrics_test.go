@@ -65,7 +65,13 @@ func TestLeaseTakeoversCounted(t *testing.T) {
 	require.NoError(t, first.Stop(ctx)) // releases its leases
 
 	_, secondReg := start()
-	takeovers := gathered(t, secondReg)["bettercompute_lease_takeovers_total"]
+	// Each lease's takeover is counted just after the gauge of leases held
+	// moves: wait for the last one.
+	var takeovers map[string]float64
+	workertest.WaitFor(t, 30*time.Second, "a takeover counted in every shard queue", func() bool {
+		takeovers = gathered(t, secondReg)["bettercompute_lease_takeovers_total"]
+		return len(takeovers) >= shards
+	})
 	require.Len(t, takeovers, shards, "one per shard queue")
 	for i := 0; i < shards; i++ {
 		require.Equal(t, 1.0, takeovers[jobs.ShardQueue(i)], "shard %d taken over once", i)
