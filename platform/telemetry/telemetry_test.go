@@ -2,8 +2,8 @@ package telemetry_test
 
 import (
 	"bytes"
-	"encoding/hex"
 	"context"
+	"encoding/hex"
 	"io"
 	"net"
 	"net/http"
