@@ -82,7 +82,9 @@ func TestDevTracePrintsSpans(t *testing.T) {
 	defer cancel()
 	var stdout, stderr lockedBuffer
 	done := make(chan int, 1)
-	go func() { done <- cli.Run(ctx, app, []string{"dev", "--trace"}, cli.Env{Stdout: &stdout, Stderr: &stderr, Environ: env}) }()
+	go func() {
+		done <- cli.Run(ctx, app, []string{"dev", "--trace"}, cli.Env{Stdout: &stdout, Stderr: &stderr, Environ: env})
+	}()
 	defer func() { t.Logf("stderr:\n%s", stderr.String()) }()
 
 	workertest.WaitFor(t, 60*time.Second, "a lease round's span on stderr", func() bool {
