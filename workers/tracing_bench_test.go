@@ -46,6 +46,7 @@ func (*benchTaskWorker) Work(ctx context.Context, job *river.Job[benchTaskArgs])
 // and the ratio on/off (1 is no cost):
 //
 //   - the reconcile drain of BenchmarkThroughput (5,000 dirty keys, 16 at once);
+//
 //   - 5,000 fenced jobs (AddWorker, a write in workers.InTx), inserted
 //     beforehand, drained 16 at once through River's middleware.
 //
