@@ -416,3 +416,28 @@ func TestTracingOffInstallsNothing(t *testing.T) {
 	_, span := rt.TracerProvider().Tracer("x").Start(context.Background(), "y")
 	require.False(t, span.IsRecording(), "the runtime's provider is a no-op one")
 }
+
+// TestBadTraceparentIsIgnored: a job whose metadata carries a malformed
+// traceparent is worked as any other (tracing never fails work): its work span
+// starts a trace of its own, with no parent and no link.
+func TestBadTraceparentIsIgnored(t *testing.T) {
+	t.Parallel()
+	db := newTraceDB(t)
+	tr := newTraced()
+	startTraced(t, db, &traceWorker{}, tr, "")
+	var id int64
+	require.NoError(t, pg.InTx(context.Background(), db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		res, err := jobs.InsertTx(ctx, tx, traceArgs{Mode: "ok"}, &river.InsertOpts{Queue: jobs.ShardQueue(0),
+			Metadata: []byte(`{"traceparent": "00-not-a-trace-01"}`)})
+		if err == nil {
+			id = res.Job.ID
+		}
+		return err
+	}))
+	s := workSpan(t, tr.rec, id, "a malformed traceparent")
+	require.False(t, s.Parent().IsValid(), "no parent")
+	require.Empty(t, s.Links(), "no link")
+	outcome, _ := attrOf(s.Attributes(), tracing.Outcome)
+	require.Equal(t, tracing.OutcomeCompleted, outcome.AsString())
+	require.Equal(t, "completed", jobState(t, db, id))
+}
