@@ -299,8 +299,8 @@ func leaseEvent(t *testing.T, rec *tracetest.SpanRecorder, name, action, what st
 // TestLeaseRoundsAreSpans: a worker's lease rounds are spans: its first round
 // acquires the shard lease (an acquired event), later rounds renew it (a
 // renewed event), and a second worker taking the shard over from the first,
-// stopped, records a takeover event naming the previous owner and the new
-// epoch.
+// stopped, records a takeover event naming the previous owner, the new epoch
+// and how many jobs it handed back.
 func TestLeaseRoundsAreSpans(t *testing.T) {
 	t.Parallel()
 	db := newTraceDB(t)
@@ -326,6 +326,13 @@ func TestLeaseRoundsAreSpans(t *testing.T) {
 	leaseEvent(t, tr1.rec, tracing.EventLease, "renewed", "the first worker's renewed event")
 
 	require.NoError(t, rt1.Stop(context.Background()))
+	// A job the first worker left running, as if it had died in the middle of
+	// it: the takeover hands it back.
+	var left int64
+	require.NoError(t, db.QueryRow(context.Background(), `INSERT INTO river_job
+		(args, kind, max_attempts, priority, queue, state, attempt, attempted_at, attempted_by, scheduled_at)
+		VALUES ('{"mode":"ok"}', 'test_trace', 25, 1, $1, 'running', 1, $3, ARRAY[$2], $3) RETURNING id`,
+		jobs.ShardQueue(0), rt1.Owner(), time.Now()).Scan(&left))
 	rt2 := startTraced(t, db, &traceWorker{}, tr2, "second")
 	l2, _ := rt2.LeaseForQueue(jobs.ShardQueue(0))
 	require.Equal(t, l1.Epoch+1, l2.Epoch)
@@ -337,7 +344,7 @@ func TestLeaseRoundsAreSpans(t *testing.T) {
 	require.Equal(t, l2.Epoch, epoch.AsInt64())
 	handed, ok := attrOf(ev.Attributes, "bettercompute.jobs.handed_back")
 	require.True(t, ok, "the takeover says how many jobs it handed back")
-	require.Equal(t, int64(0), handed.AsInt64(), "the first worker handed its own back at its stop")
+	require.Equal(t, int64(1), handed.AsInt64(), "the job the first worker left running")
 	ev = leaseEvent(t, tr2.rec, tracing.EventLease, "acquired", "the second worker's acquired event")
 	epoch, _ = attrOf(ev.Attributes, tracing.LeaseEpoch)
 	require.Equal(t, l2.Epoch, epoch.AsInt64())
