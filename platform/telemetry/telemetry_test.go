@@ -266,3 +266,13 @@ func resourceAttr(attrs []*common.KeyValue, key string) string {
 }
 
 func hexOf(b []byte) string { return hex.EncodeToString(b) }
+
+// TestMalformedResourceAttributesIsInvalidConfig: OTEL_RESOURCE_ATTRIBUTES
+// that are not key=value pairs are INVALID_CONFIG naming the variable.
+func TestMalformedResourceAttributesIsInvalidConfig(t *testing.T) {
+	t.Setenv(telemetry.EnvResourceAttributes, "team=compute,no-equals-sign")
+	tp, _, err := telemetry.FromEnv(context.Background(), env(map[string]string{telemetry.EnvTracesExporter: "console"}), io.Discard)
+	require.Nil(t, tp)
+	require.Equal(t, fault.InvalidConfig, fault.CodeOf(err), "%v", err)
+	require.Contains(t, err.Error(), "OTEL_RESOURCE_ATTRIBUTES")
+}
