@@ -100,4 +100,13 @@
 // back (snoozed briefly, for the lease holder to run); a panic fails that attempt
 // only; anything else is retried with River's backoff, its message stored with
 // secrets removed.
+//
+// # Tracing
+//
+// With Options.TracerProvider set, every job River works is River's own work
+// span (otelriver), in the trace of the span that inserted it, with the
+// outcome above, the shard and the lease epoch as attributes; a refused fenced
+// transaction is a span event, and each lease round that acquired, renewed or
+// lost a lease is a span (see tracing.go). With it nil, none of this is
+// installed.
 package workers

@@ -40,8 +40,9 @@ func InTx[T river.JobArgs](ctx context.Context, job *river.Job[T], fn func(ctx c
 	}
 	l, ok := rt.leaseForQueue(job.Queue)
 	if !ok {
-		rt.metrics.fenced(job.Queue)
-		return fault.New(fault.Fenced, "job %d: this process holds no lease for queue %s", job.ID, job.Queue)
+		err := fault.New(fault.Fenced, "job %d: this process holds no lease for queue %s", job.ID, job.Queue)
+		rt.fenced(ctx, job.Queue, 0, err)
+		return err
 	}
 	return InTxLease(ctx, job, l, fn)
 }
@@ -63,7 +64,7 @@ func InTxLease[T river.JobArgs](ctx context.Context, job *river.Job[T], l lease.
 		return CompleteTx(ctx, tx, job)
 	})
 	if fault.Has(err, fault.Fenced) {
-		rt.metrics.fenced(job.Queue)
+		rt.fenced(ctx, job.Queue, l.Epoch, err)
 	}
 	return err
 }

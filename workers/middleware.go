@@ -47,11 +47,13 @@ func (m *jobMiddleware) Work(ctx context.Context, job *rivertype.JobRow, doInner
 	start := time.Now()
 	_, isShard := shardOfQueue(job.Queue)
 	held := func() bool { _, ok := m.rt.leaseForQueue(job.Queue); return ok }
+	l, heldAtStart := m.rt.leaseForQueue(job.Queue) // the lease the job's span names
 	var err error
-	if isShard && !held() {
+	if isShard && !heldAtStart {
 		// Fetched after the lease was lost (a paused process that woke: River's
 		// fetch is not fenced): not started, given back to the holder.
 		err = fault.New(fault.Fenced, "job %d not started: this process no longer holds the lease of %s", job.ID, job.Queue)
+		fencedEvent(ctx, m.rt, job.Queue, 0, err)
 	} else {
 		err = doInner(ctx)
 	}
@@ -59,6 +61,7 @@ func (m *jobMiddleware) Work(ctx context.Context, job *rivertype.JobRow, doInner
 	case err == nil || fault.Has(err, fault.Fenced):
 	case ctx.Err() != nil && fault.Has(context.Cause(ctx), fault.Fenced):
 		err = fault.Wrap(fault.Fenced, err, "cancelled: %v", context.Cause(ctx))
+		fencedEvent(ctx, m.rt, job.Queue, l.Epoch, err)
 	case isShard && !held():
 		// Whatever failed (a paused process's transaction ended by the server, a
 		// connection closed under it), this attempt is stale now: its lease is
@@ -66,8 +69,10 @@ func (m *jobMiddleware) Work(ctx context.Context, job *rivertype.JobRow, doInner
 		// checks only state = 'running', so a retry with backoff recorded here
 		// would hold the holder's job back for minutes; a short snooze does not.
 		err = fault.Wrap(fault.Fenced, err, "this process lost the lease of %s during the job", job.Queue)
+		fencedEvent(ctx, m.rt, job.Queue, l.Epoch, err)
 	}
 	out := m.rt.outcome(job, err)
+	traceJob(ctx, job, l, heldAtStart, out, err)
 	m.rt.metrics.jobDone(job.Kind, job.Queue, outcomeName(out, err), time.Since(start))
 	if fault.Has(err, fault.Fenced) {
 		m.rt.waitOutLiveAttempt(ctx, job)

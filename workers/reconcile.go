@@ -64,8 +64,9 @@ func (reg *Registry) reconcileJob(ctx context.Context, kind string, row *riverty
 	rt := runtimeFrom(ctx)
 	l, ok := rt.leaseForQueue(row.Queue)
 	if !ok {
-		rt.metrics.fenced(row.Queue)
-		return nil, lease.Lease{}, nil, fault.New(fault.Fenced, "job %d: this process holds no lease for queue %s", row.ID, row.Queue)
+		err := fault.New(fault.Fenced, "job %d: this process holds no lease for queue %s", row.ID, row.Queue)
+		rt.fenced(ctx, row.Queue, 0, err)
+		return nil, lease.Lease{}, nil, err
 	}
 	return rt, l, rec, nil
 }
@@ -162,7 +163,7 @@ func scanClaimed(row pgx.CollectableRow) (claimedKey, error) {
 func fencedTx(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.JobRow, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	err := inTxRetrying(ctx, rt, row, l, fn)
 	if fault.Has(err, fault.Fenced) {
-		rt.metrics.fenced(row.Queue)
+		rt.fenced(ctx, row.Queue, l.Epoch, err) // the reconcile's span (if any) gets the event
 	}
 	return err
 }

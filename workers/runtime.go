@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-	"github.com/riverqueue/river/rivertype"
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -86,6 +85,7 @@ type Runtime struct {
 	shardCount int
 	metrics    *Metrics
 	tp         trace.TracerProvider // never nil: a no-op one when Options has none
+	leaseTrace leaseTrace
 
 	runCtx    context.Context // lives until Stop completes
 	runCancel context.CancelFunc
@@ -265,7 +265,7 @@ func (rt *Runtime) riverConfig() *river.Config {
 		FetchCooldown: min(o.PollInterval, 5*time.Millisecond),
 		JobTimeout:    o.JobTimeout,
 		Workers:       o.Registry.workers,
-		Middleware:    []rivertype.Middleware{&jobMiddleware{rt: rt}},
+		Middleware:    append(rt.tracingMiddleware(), &jobMiddleware{rt: rt}), // tracing's (if on) outside ours
 		ErrorHandler:  &errorHandler{rt: rt},
 	}
 	if o.Work {
@@ -315,15 +315,20 @@ func (rt *Runtime) newKeeper() *lease.Keeper {
 		DB: rt.ctl, Owner: rt.owner, TTL: o.LeaseTTL, Renew: o.LeaseRenew, Anchor: rt.anchor,
 		Log: o.Log.With().Str("component", "lease").Logger(),
 		Taken: func(ctx context.Context, tx pgx.Tx, l lease.Lease) error {
-			return rt.handBack(ctx, tx, "at its takeover", l)
+			n, err := rt.handBack(ctx, tx, "at its takeover", l)
+			if rt.o.TracerProvider != nil {
+				rt.leaseTrace.noteTakeover(l.Name, n)
+			}
+			return err
 		},
 		Kept: func(ctx context.Context, held []lease.Lease) {
-			if err := rt.handBack(ctx, rt.ctl, "after a lease round", held...); err != nil && ctx.Err() == nil {
+			if _, err := rt.handBack(ctx, rt.ctl, "after a lease round", held...); err != nil && ctx.Err() == nil {
 				rt.log.Warn().Err(err).Msg("could not hand back stray jobs; the next lease round retries")
 			}
 		},
 		OnAcquired: func(l lease.Lease) { rt.leaseChanged(l, true) },
 		OnLost:     func(l lease.Lease) { rt.leaseChanged(l, false) },
+		OnRound:    rt.leaseRoundHook(), // nil unless tracing
 	})
 }
 
@@ -430,8 +435,9 @@ const ownStrayAfter = 5 * time.Second
 // another client attempted (see jobs.HandBackShardJobs): at a takeover, in the
 // transaction that acquires the lease (the previous holder's jobs), and after
 // every lease round (a paused process that woke, fetched and died), so a shard's
-// holder owns every running job of its queue within one renewal interval.
-func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, when string, ls ...lease.Lease) error {
+// holder owns every running job of its queue within one renewal interval. It
+// returns how many jobs it handed back.
+func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, when string, ls ...lease.Lease) (int, error) {
 	names := make([]string, 0, len(ls))
 	epochs := make([]int64, 0, len(ls))
 	queues := make([]string, 0, len(ls))
@@ -447,17 +453,17 @@ func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, when string, ls ...
 		names, epochs, queues = append(names, l.Name), append(epochs, l.Epoch), append(queues, jobs.ShardQueue(shard))
 	}
 	if len(names) == 0 {
-		return nil
+		return 0, nil
 	}
 	byQueue, err := jobs.HandBackShardJobs(ctx, db, &jobs.HandBackParams{
 		Leases: names, Epochs: epochs, Queues: queues, Owner: rt.owner, At: time.Now(), When: when,
 		Working: rt.inFlightIDs(), OwnAfter: max(rt.o.LeaseRenew, ownStrayAfter),
 	})
 	if err != nil {
-		return fmt.Errorf("error handing back the running jobs of shards %v: %w", queues, err)
+		return 0, fmt.Errorf("error handing back the running jobs of shards %v: %w", queues, err)
 	}
 	if len(byQueue) == 0 {
-		return nil
+		return 0, nil
 	}
 	counts := map[string]int{}
 	for _, q := range byQueue {
@@ -467,7 +473,7 @@ func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, when string, ls ...
 		rt.log.Info().Str("queue", q).Int("jobs", n).Str("when", when).Msg("handed back running jobs another process attempted")
 	}
 	rt.metrics.handedBack(int64(len(byQueue)))
-	return nil
+	return len(byQueue), nil
 }
 
 // leaseChanged reacts to an acquired or lost shard lease.

@@ -40,7 +40,39 @@ type KeeperOptions struct {
 	// OnLost is called at once when l is lost: another owner took it, or it
 	// expired by this process's clock without a successful renewal.
 	OnLost func(l Lease)
+	// OnRound, optional, is called after every round that acquired, renewed
+	// or lost a holding, with what it did (the worker makes it a span). A
+	// round that changed nothing and renewed nothing is not reported.
+	OnRound func(r Round)
 }
+
+// Round is what one keeper round did, for OnRound.
+type Round struct {
+	Start    time.Time // when the round began
+	Renewed  []Lease
+	Acquired []Acquired
+	Lost     []Lost
+}
+
+// Acquired is a holding a round took. Previous is the name's owner before it:
+// "" for a name never held, another owner's for a takeover, this keeper's
+// own for a holding it had let expire.
+type Acquired struct {
+	Lease
+	Previous string
+}
+
+// Lost is a holding a round lost, and why.
+type Lost struct {
+	Lease
+	Why string
+}
+
+// Why a holding is lost (Lost.Why).
+const (
+	LostTaken   = "renewal found it held by another owner"
+	LostExpired = "expired by this process's clock without a renewal"
+)
 
 // StandbyPoll is how often a keeper that wants a lease held by another looks for
 // it to be released (it also retries at the holder's expiry).
@@ -184,15 +216,33 @@ func (k *Keeper) margin() time.Duration { return min(time.Second, k.o.TTL/10) }
 // and not held, re-sample the clock, then record the outcome and tell the
 // holder. Run schedules the next round (nextWait).
 func (k *Keeper) tick(ctx context.Context) {
+	start := time.Now()
 	held, toTake := k.roundNames()
 	renewed, lost, ok := k.renewHeld(ctx, held)
 	if !ok {
+		k.report(start, nil, nil, nil, lost, LostExpired)
 		return
 	}
-	taken, others, unreachable := k.takeWanted(ctx, toTake)
+	taken, previous, others, unreachable := k.takeWanted(ctx, toTake)
 	k.sampleClock(ctx, unreachable)
 	acquired := k.record(renewed, lost, taken, others, unreachable)
 	k.announce(ctx, renewed, lost, acquired)
+	k.report(start, renewed, acquired, previous, lost, LostTaken)
+}
+
+// report hands a round that did something to OnRound.
+func (k *Keeper) report(start time.Time, renewed, acquired []Lease, previous map[string]string, lost []Lease, why string) {
+	if k.o.OnRound == nil || len(renewed)+len(acquired)+len(lost) == 0 {
+		return
+	}
+	r := Round{Start: start, Renewed: renewed}
+	for _, l := range acquired {
+		r.Acquired = append(r.Acquired, Acquired{Lease: l, Previous: previous[l.Name]})
+	}
+	for _, l := range lost {
+		r.Lost = append(r.Lost, Lost{Lease: l, Why: why})
+	}
+	k.o.OnRound(r)
 }
 
 // roundNames splits the wanted names into the holdings to renew and the names
@@ -215,8 +265,8 @@ func (k *Keeper) roundNames() (held []Lease, toTake []string) {
 // renewHeld renews held: a plain update of expires_at, which never waits for
 // this process's own fenced transactions. It returns the renewed holdings and
 // those another owner took (lost). When the renewal fails, it declares lost the
-// holdings about to expire by this process's clock and returns ok false: the
-// round ends there.
+// holdings about to expire by this process's clock (returned as lost) and
+// returns ok false: the round ends there.
 func (k *Keeper) renewHeld(ctx context.Context, held []Lease) (renewed, lost []Lease, ok bool) {
 	if len(held) == 0 {
 		return nil, nil, true
@@ -230,8 +280,7 @@ func (k *Keeper) renewHeld(ctx context.Context, held []Lease) (renewed, lost []L
 				k.o.Log.Warn().Err(err).Msg("lease renewal failed")
 			}
 		}
-		k.expireLocally()
-		return nil, nil, false
+		return nil, k.expireLocally(), false
 	}
 	still := map[string]bool{}
 	for _, l := range got {
@@ -248,21 +297,23 @@ func (k *Keeper) renewHeld(ctx context.Context, held []Lease) (renewed, lost []L
 // takeWanted takes toTake: the guarded upsert, waiting (at most one renewal
 // interval) for the previous holder's fenced transactions; the running jobs it
 // left are handed back in the same transaction (Taken). It returns the names
-// taken, those held by others, and whether the database could not be reached.
-func (k *Keeper) takeWanted(ctx context.Context, toTake []string) (taken, others []Lease, unreachable bool) {
+// taken, their owners before (by name), those held by others, and whether the
+// database could not be reached.
+func (k *Keeper) takeWanted(ctx context.Context, toTake []string) (taken []Lease, previous map[string]string, others []Lease, unreachable bool) {
 	if len(toTake) == 0 {
-		return nil, nil, false
+		return nil, nil, nil, false
 	}
 	err := pg.InTx(ctx, k.o.DB, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", max(k.o.Renew.Milliseconds(), 1))); err != nil {
 			return err
 		}
-		got, err := AcquireMany(ctx, tx, toTake, k.o.Owner, k.o.TTL)
+		got, err := acquireMany(ctx, tx, toTake, k.o.Owner, k.o.TTL)
 		if err != nil {
 			return err
 		}
-		taken, others = taken[:0], others[:0]
-		for _, l := range got {
+		taken, others, previous = taken[:0], others[:0], map[string]string{}
+		for _, h := range got {
+			l := h.Lease
 			if l.Owner != k.o.Owner {
 				others = append(others, l)
 				continue
@@ -273,11 +324,12 @@ func (k *Keeper) takeWanted(ctx context.Context, toTake []string) (taken, others
 				}
 			}
 			taken = append(taken, l)
+			previous[l.Name] = h.Previous
 		}
 		return nil
 	})
 	if err == nil {
-		return taken, others, false
+		return taken, previous, others, false
 	}
 	if ctx.Err() == nil {
 		switch {
@@ -290,7 +342,7 @@ func (k *Keeper) takeWanted(ctx context.Context, toTake []string) (taken, others
 			k.o.Log.Warn().Err(err).Msg("lease acquisition failed")
 		}
 	}
-	return nil, nil, unreachable
+	return nil, nil, nil, unreachable
 }
 
 // sampleClock re-samples the clock anchor; unreachable says this round already
@@ -378,8 +430,8 @@ func (k *Keeper) roundFailed(err error, msg string) {
 }
 
 // expireLocally declares lost every holding that is about to expire by this
-// process's clock, when it could not be renewed.
-func (k *Keeper) expireLocally() {
+// process's clock, when it could not be renewed, and returns them.
+func (k *Keeper) expireLocally() []Lease {
 	now := k.o.Anchor.Now()
 	var lost []Lease
 	k.mu.Lock()
@@ -396,6 +448,7 @@ func (k *Keeper) expireLocally() {
 			k.o.OnLost(l)
 		}
 	}
+	return lost
 }
 
 // Release gives up every holding (and stops wanting them), so other processes

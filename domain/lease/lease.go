@@ -31,6 +31,8 @@ type Lease struct {
 // process takes and renews nothing), and it takes a name an earlier incarnation
 // of its identity holds at once, unexpired or not: that process is gone (Claim).
 // A name with no row that the caller did not take comes back with no owner.
+// previous_owner is the owner before the statement (the main query sees the
+// rows as they were, not the upsert's changes): a takeover's previous holder.
 const acquireSQL = `
 WITH me AS (
     SELECT NOT EXISTS (SELECT 1 FROM compute_workers w
@@ -60,16 +62,37 @@ WITH me AS (
 SELECT n.name,
        coalesce(t.owner, c.owner, '') AS owner,
        coalesce(t.epoch, c.epoch, 0) AS epoch,
-       coalesce(t.expires_at, c.expires_at, 'epoch') AS expires_at
+       coalesce(t.expires_at, c.expires_at, 'epoch') AS expires_at,
+       coalesce(p.owner, '') AS previous_owner
 FROM names n
 LEFT JOIN took t ON t.name = n.name
-LEFT JOIN compute_leases c ON c.name = n.name AND t.name IS NULL`
+LEFT JOIN compute_leases c ON c.name = n.name AND t.name IS NULL
+LEFT JOIN compute_leases p ON p.name = n.name`
 
 // AcquireMany acquires or renews each name for owner for ttl and returns the
 // holding of every name after the call (in no particular order): Owner == owner
 // means the caller holds it now. A name held by another shows that holding, whose
 // ExpiresAt says when to try again.
 func AcquireMany(ctx context.Context, db pg.DBTX, names []string, owner string, ttl time.Duration) ([]Lease, error) {
+	hs, err := acquireMany(ctx, db, names, owner, ttl)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Lease, len(hs))
+	for i, h := range hs {
+		out[i] = h.Lease
+	}
+	return out, nil
+}
+
+// holding is a row of acquireSQL: the holding after the statement, and the
+// owner before it.
+type holding struct {
+	Lease
+	Previous string `db:"previous_owner"`
+}
+
+func acquireMany(ctx context.Context, db pg.DBTX, names []string, owner string, ttl time.Duration) ([]holding, error) {
 	if owner == "" {
 		return nil, fault.New(fault.InvalidArgument, "lease owner is empty")
 	}
@@ -81,7 +104,7 @@ func AcquireMany(ctx context.Context, db pg.DBTX, names []string, owner string, 
 	if err != nil {
 		return nil, pg.Translate(fmt.Errorf("error acquiring leases: %w", err))
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByName[Lease])
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByName[holding])
 	if err != nil {
 		return nil, pg.Translate(fmt.Errorf("error acquiring leases: %w", err))
 	}

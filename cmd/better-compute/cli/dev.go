@@ -29,11 +29,15 @@ func (a App) DevDatabase() string {
 	return embedded.Scheme + "." + a.name() + "/pg"
 }
 
-// devOpts are dev's options: its flags are the configuration's; it takes no
-// arguments.
-type devOpts struct{}
+// devOpts are dev's options: --trace, and the configuration's flags; it takes
+// no arguments.
+type devOpts struct {
+	trace bool
+}
 
-func (*devOpts) bind(*flag.FlagSet)           {}
+func (o *devOpts) bind(fs *flag.FlagSet) {
+	fs.BoolVar(&o.trace, "trace", false, "print every span to stderr as it ends, one line each (as OTEL_TRACES_EXPORTER=console; OTEL_SDK_DISABLED=true still wins)")
+}
 func (*devOpts) Validate(args []string) error { return noArgs("dev", args) }
 
 // devCommand is dev, whose database defaults to db.
@@ -51,8 +55,9 @@ func devCommand(db string) *command {
 // runs each module's Dev (the application's play), until interrupted. On an
 // embedded cluster kept in a directory it writes the database's URL to a file
 // for scripts (devURLPath), removed when dev stops.
-func (*devOpts) run(ctx context.Context, s *Session, _ []string) error {
+func (o *devOpts) run(ctx context.Context, s *Session, _ []string) error {
 	s.Dev = true
+	s.traceConsole = o.trace
 	if s.Config.DatabaseURL == "" {
 		s.Config.DatabaseURL = s.App.DevDatabase()
 	}

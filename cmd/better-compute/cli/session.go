@@ -2,10 +2,13 @@ package cli
 
 import (
 	"context"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/bettercompute/bettercompute/platform/config"
 	"github.com/bettercompute/bettercompute/platform/embedded"
@@ -13,6 +16,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/logging"
 	"github.com/bettercompute/bettercompute/platform/migrate"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/telemetry"
 	"github.com/bettercompute/bettercompute/workers"
 )
 
@@ -32,6 +36,11 @@ type Session struct {
 	workerMetrics *prometheus.Registry
 	closers       []func()
 	logReady      bool
+	// traceConsole (dev --trace) adds the console exporter, as
+	// OTEL_TRACES_EXPORTER=console would.
+	traceConsole bool
+	tracer       trace.TracerProvider // once tracerBuilt: nil when tracing is off
+	tracerBuilt  bool
 }
 
 func (s *Session) close() {
@@ -179,4 +188,58 @@ func (a App) Registry() (*workers.Registry, error) {
 		}
 	}
 	return reg, nil
+}
+
+// TracerProvider is the process's tracer provider, built once from the OTEL_*
+// variables of the command line's environment (telemetry.FromEnv), printing to
+// stderr for the console exporter; nil when tracing is off. The command's end
+// flushes and shuts it down, after the work it traced has stopped. It returns
+// INVALID_CONFIG for a bad OTEL_* value.
+func (s *Session) TracerProvider(ctx context.Context) (trace.TracerProvider, error) {
+	if s.tracerBuilt {
+		return s.tracer, nil
+	}
+	getenv := s.getenv
+	if s.traceConsole {
+		getenv = func(k string) string {
+			v := s.getenv(k)
+			if k != telemetry.EnvTracesExporter {
+				return v
+			}
+			if v = strings.TrimSpace(v); v == "" || strings.EqualFold(v, telemetry.ExporterNone) {
+				return telemetry.ExporterConsole
+			}
+			return v + "," + telemetry.ExporterConsole
+		}
+	}
+	tp, shutdown, err := telemetry.FromEnv(ctx, getenv, s.Env.Stderr)
+	if err != nil {
+		return nil, err
+	}
+	s.tracer, s.tracerBuilt = tp, true
+	if tp != nil {
+		s.onClose(func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := shutdown(sctx); err != nil {
+				s.Log.Warn().Err(err).Msg("tracing: the last spans were not all sent")
+			}
+		})
+	}
+	return tp, nil
+}
+
+// getenv reads the command line's environment (Env.Environ), or the process's
+// when it has none.
+func (s *Session) getenv(key string) string {
+	if s.Env.Environ == nil {
+		return os.Getenv(key)
+	}
+	v := ""
+	for _, kv := range s.Env.Environ {
+		if k, val, ok := strings.Cut(kv, "="); ok && k == key {
+			v = val // the last one wins, as in os/exec
+		}
+	}
+	return v
 }

@@ -116,6 +116,10 @@ func (s *Session) StartWorker(ctx context.Context) (*workers.Runtime, error) {
 	if _, err := ShardSet(s.Config.Shards, 4096); err != nil {
 		return nil, err
 	}
+	tp, err := s.TracerProvider(ctx) // a bad OTEL_* value fails here, before anything starts
+	if err != nil {
+		return nil, err
+	}
 	reg, err := s.Registry()
 	if err != nil {
 		return nil, err
@@ -147,7 +151,7 @@ func (s *Session) StartWorker(ctx context.Context) (*workers.Runtime, error) {
 		LeaseTTL: s.Config.LeaseTTL, LeaseRenew: s.Config.LeaseRenew, StopGrace: s.Config.StopGrace,
 		PollInterval: s.Config.PollInterval, ResyncEvery: s.Config.ResyncEvery,
 		WorkersPerShard: s.Config.WorkersPerShard, MaintenanceWorkers: s.Config.MaintenanceWorkers,
-		Secrets: s.secrets(), Metrics: metrics,
+		Secrets: s.secrets(), Metrics: metrics, TracerProvider: tp,
 	})
 	if err != nil {
 		return nil, err
