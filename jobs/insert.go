@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/tracing"
 )
 
 var (
@@ -56,6 +58,10 @@ func InsertForKeyTx(ctx context.Context, tx pgx.Tx, key string, args river.JobAr
 // it with InsertForKeyTx. Inserted anywhere else (River's default queue, where
 // no worker would ever take it) it is refused with INVALID_ARGUMENT, by the
 // database, whatever the insert path.
+//
+// When ctx has a sampled span (the application's request, traced), the job's
+// metadata records it as "traceparent", so the job's work span is in the
+// request's trace (README "One trace from the request to the delivery").
 func InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error) {
 	inserterOnce.Do(func() {
 		inserter, inserterErr = river.NewClient(riverpgxv5.New(nil), &river.Config{})
@@ -63,11 +69,38 @@ func InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.In
 	if inserterErr != nil {
 		return nil, inserterErr
 	}
+	if cause := tracing.Cause(ctx); cause != "" {
+		o := river.InsertOpts{}
+		if opts != nil {
+			o = *opts
+		}
+		md, err := withTraceparent(o.Metadata, cause)
+		if err != nil {
+			return nil, invalid("InsertTx: opts.Metadata is not a JSON object: %v", err)
+		}
+		o.Metadata = md
+		opts = &o
+	}
 	res, err := inserter.InsertTx(ctx, tx, args, opts)
 	if err != nil {
 		return nil, pg.Translate(err)
 	}
 	return res, nil
+}
+
+// withTraceparent is metadata (a JSON object, or empty) with its "traceparent"
+// set to cause: the key River's OpenTelemetry middleware reads, so the job's
+// work span is caused by the span that inserted it (platform/tracing).
+func withTraceparent(metadata []byte, cause string) ([]byte, error) {
+	m := map[string]json.RawMessage{}
+	if len(metadata) > 0 {
+		if err := json.Unmarshal(metadata, &m); err != nil {
+			return nil, err
+		}
+	}
+	tp, _ := json.Marshal(cause)
+	m["traceparent"] = tp
+	return json.Marshal(m)
 }
 
 // ShardCountTx reads the deployment's shard count in tx.
