@@ -103,6 +103,9 @@ func traceJob(ctx context.Context, job *rivertype.JobRow, l lease.Lease, held bo
 		attrs = append(attrs, tracing.LeaseEpoch.Int64(l.Epoch))
 	}
 	outcome := traceOutcome(out, err)
+	if outcome == tracing.OutcomeRetried && job.MaxAttempts > 0 && job.Attempt >= job.MaxAttempts {
+		outcome = tracing.OutcomeDiscarded // its last attempt: River discards it
+	}
 	attrs = append(attrs, tracing.Outcome.String(outcome))
 	if err != nil && outcome != tracing.OutcomeSnoozed {
 		attrs = append(attrs, tracing.ErrorCode.String(string(fault.CodeOf(err))))

@@ -123,8 +123,12 @@ func newTraceDB(t *testing.T) *pgtest.DB {
 func insertTrace(t *testing.T, db *pgtest.DB, args traceArgs) int64 {
 	t.Helper()
 	var id int64
+	maxAttempts := 0 // River's default
+	if args.Mode == "last-attempt" {
+		args.Mode, maxAttempts = "unavailable", 1
+	}
 	require.NoError(t, pg.InTx(context.Background(), db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		res, err := jobs.InsertTx(ctx, tx, args, &river.InsertOpts{Queue: jobs.ShardQueue(0)})
+		res, err := jobs.InsertTx(ctx, tx, args, &river.InsertOpts{Queue: jobs.ShardQueue(0), MaxAttempts: maxAttempts})
 		if err == nil {
 			id = res.Job.ID
 		}
@@ -186,7 +190,8 @@ func requireNothingSecret(t *testing.T, rec *tracetest.SpanRecorder, payloads ..
 
 // TestJobSpanNamesShardEpochAndOutcome: every job a worker works is River's
 // work span river.work/<kind>, with our attributes: its shard, the epoch of the
-// shard lease it ran under, its outcome (completed, retried, cancelled) and,
+// shard lease it ran under, its outcome (completed, retried, cancelled,
+// discarded on its last attempt) and,
 // when it did not complete, its error's code. No span holds the database
 // password or a job's arguments.
 func TestJobSpanNamesShardEpochAndOutcome(t *testing.T) {
@@ -203,6 +208,7 @@ func TestJobSpanNamesShardEpochAndOutcome(t *testing.T) {
 		{"ok", tracing.OutcomeCompleted, ""},
 		{"unavailable", tracing.OutcomeRetried, fault.Unavailable},
 		{"invalid", tracing.OutcomeCancelled, fault.InvalidArgument},
+		{"last-attempt", tracing.OutcomeDiscarded, fault.Unavailable},
 	}
 	var payloads []string
 	for _, c := range cases {

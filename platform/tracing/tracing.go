@@ -46,6 +46,8 @@ const (
 	OutcomeRetried   = "retried"
 	OutcomeCancelled = "cancelled"
 	OutcomeSnoozed   = "snoozed"
+	// OutcomeDiscarded: failed on its last attempt; River discards the job.
+	OutcomeDiscarded = "discarded"
 )
 
 // Cause returns the W3C traceparent of the span in ctx, or "" when ctx has no
