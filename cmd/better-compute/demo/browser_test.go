@@ -249,6 +249,7 @@ func TestBrowser(t *testing.T) {
 	t.Logf("the demo's work of every kind ran within %s", time.Since(start).Round(time.Millisecond))
 
 	t.Run("RiverUIListsEveryKind", func(t *testing.T) {
+		t.Parallel()
 		b := browsertest.New(t, 2*time.Minute)
 		for _, ks := range browserKinds() {
 			kind, state := ks[0], ks[1]
@@ -270,22 +271,27 @@ func TestBrowser(t *testing.T) {
 		b.WaitJS("a completed workflow_step job listed", `(`+jobLinksJS+`).length > 0`)
 		id := jobLinks(t, b)[0][0]
 		b.Do("open job "+id+" from the list", chromedp.Click(chromedp.CSS(`a[href="/jobs/`+id+`"]`)))
-		b.WaitText("job "+id+"'s page", "ID: "+id, jobs.WorkflowStepKind, "Completed", "Attempts")
+		b.WaitText("job "+id+"'s page", idLine(id), jobs.WorkflowStepKind, "Completed", "Attempts")
 		if loc := b.Location(); !strings.HasSuffix(loc, "/jobs/"+id) {
 			t.Errorf("the job's page is at %s", loc)
 		}
 	})
 
 	t.Run("RiverUIShowsAFailedJobsError", func(t *testing.T) {
+		t.Parallel()
 		b := browsertest.New(t, 2*time.Minute)
 		id := strconv.FormatInt(failing, 10)
 		b.Go(dev + "jobs?state=discarded&kind=" + browserFailArgs{}.Kind())
 		b.WaitJS("the discarded job listed", `(`+jobLinksJS+`).some(([id]) => id === `+strconv.Quote(id)+`)`)
 		b.Do("open the failed job", chromedp.Click(chromedp.CSS(`a[href="/jobs/`+id+`"]`)))
-		b.WaitText("the failed job's page with its error", "ID: "+id, "Discarded", "Failed", "Attempt 1", browserFailMessage)
+		b.WaitText("the failed job's page with its error", idLine(id), "Discarded", "Failed", "Attempt 1", browserFailMessage)
+		if loc := b.Location(); !strings.HasSuffix(loc, "/jobs/"+id) {
+			t.Errorf("the job's page is at %s", loc)
+		}
 	})
 
 	t.Run("WorkflowsPageFiltersAndLinksStepsToRiverUI", func(t *testing.T) {
+		t.Parallel()
 		b := browsertest.New(t, 2*time.Minute)
 		completed, err := workflow.List(context.Background(), db.Pool, workflow.ListOpts{Status: workflow.Completed, Limit: 1000})
 		if err != nil {
@@ -370,7 +376,7 @@ func TestBrowser(t *testing.T) {
 			b.Go(dev + "workflows/" + id)
 			b.WaitText("workflow "+id+"'s page", "Timeline")
 			b.Do("follow step "+h.Step+"'s link", chromedp.Click(chromedp.CSS(`h2 + table a[href="/jobs/`+jobID+`"]`)))
-			b.WaitText("River UI's page of step "+h.Step+"'s job", "ID: "+jobID, jobs.WorkflowStepKind, `"`+id+`"`)
+			b.WaitText("River UI's page of step "+h.Step+"'s job", idLine(jobID), jobs.WorkflowStepKind, `"`+id+`"`)
 			if loc := b.Location(); loc != dev+"jobs/"+jobID {
 				t.Errorf("step %s's link led to %s", h.Step, loc)
 			}
@@ -378,6 +384,7 @@ func TestBrowser(t *testing.T) {
 	})
 
 	t.Run("CredentialsGuardEverything", func(t *testing.T) {
+		t.Parallel()
 		const user, password = "ann", "correct horse battery"
 		srv := runCommand(t, db, "serve", "BETTER_COMPUTE_AUTH_USER="+user, "BETTER_COMPUTE_AUTH_PASSWORD="+password)
 		b := browsertest.New(t, 2*time.Minute)
@@ -446,6 +453,7 @@ func TestBrowser(t *testing.T) {
 	})
 
 	t.Run("ReadOnlyRefusesActions", func(t *testing.T) {
+		t.Parallel()
 		srv := runCommand(t, db, "serve", "BETTER_COMPUTE_READ_ONLY=true")
 		b := browsertest.New(t, 2*time.Minute)
 		failedBefore, idleBefore := readJob(t, db, failing), readJob(t, db, idle)
@@ -456,14 +464,14 @@ func TestBrowser(t *testing.T) {
 
 		// Retry the discarded job: River UI says the retry failed, with our message.
 		b.Go(srv + "jobs/" + strconv.FormatInt(failing, 10))
-		b.WaitText("the failed job's page", "ID: "+strconv.FormatInt(failing, 10), "Discarded")
+		b.WaitText("the failed job's page", idLine(strconv.FormatInt(failing, 10)), "Discarded")
 		b.Do("click Retry", button("Retry"))
 		b.WaitText("River UI's notice that the retry failed", "Job retry failed", refused+": POST /api/jobs/retry is refused")
 		requireRefused(t, b, srv+"api/jobs/retry")
 
 		// Cancel the idle job: River UI's job page shows its error, and ours.
 		b.Go(srv + "jobs/" + strconv.FormatInt(idle, 10))
-		b.WaitText("the idle job's page", "ID: "+strconv.FormatInt(idle, 10), "Available")
+		b.WaitText("the idle job's page", idLine(strconv.FormatInt(idle, 10)), "Available")
 		b.Do("click Cancel", button("Cancel"))
 		b.WaitText("River UI's error page", "Something went wrong!")
 		b.Do("click Show Error", button("Show Error"))
@@ -472,7 +480,7 @@ func TestBrowser(t *testing.T) {
 
 		// Delete the discarded job, confirming in River UI's dialog.
 		b.Go(srv + "jobs/" + strconv.FormatInt(failing, 10))
-		b.WaitText("the failed job's page", "ID: "+strconv.FormatInt(failing, 10), "Discarded")
+		b.WaitText("the failed job's page", idLine(strconv.FormatInt(failing, 10)), "Discarded")
 		b.Do("click Delete", button("Delete"))
 		b.WaitText("River UI's delete dialog", "Delete job")
 		b.Do("confirm the delete", button("Delete job"))
@@ -489,6 +497,10 @@ func TestBrowser(t *testing.T) {
 		}
 	})
 }
+
+// idLine is how River UI's page of job id names it, in its text ("ID: 12"
+// on a line of its own, so job 1 is not job 12).
+func idLine(id string) string { return "ID: " + id + "\n" }
 
 // workflowRows are the workflows page's rows: [id, status].
 func workflowRows(t *testing.T, b *browsertest.Browser) [][2]string {

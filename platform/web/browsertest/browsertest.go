@@ -182,11 +182,14 @@ func safeName(s string) string { return strings.Trim(unsafeChars.ReplaceAllStrin
 // chromedp.Call.
 func (b *Browser) Ctx() context.Context { return b.ctx }
 
-// Do runs the actions in the tab and fails the test on an error, naming what
-// the actions were for.
+// Do runs the actions in the tab, for at most WaitTimeout (a click waits for
+// its element to appear), and fails the test on an error, naming what the
+// actions were for.
 func (b *Browser) Do(what string, actions ...chromedp.Action[chromedp.Void]) {
 	b.tb.Helper()
-	if err := chromedp.Do(b.ctx, actions...); err != nil {
+	ctx, cancel := context.WithTimeout(b.ctx, WaitTimeout)
+	defer cancel()
+	if err := chromedp.Do(ctx, actions...); err != nil {
 		b.tb.Fatalf("browser: %s: %v\npage text: %s", what, err, b.textOrErr())
 	}
 }
@@ -200,7 +203,9 @@ func (b *Browser) Go(url string) {
 // Open opens url in the tab and returns the navigation's error (a page that
 // could not load, such as one refused with 401), for tests that expect one.
 func (b *Browser) Open(url string) error {
-	return chromedp.Do(b.ctx, chromedp.Navigate(url))
+	ctx, cancel := context.WithTimeout(b.ctx, WaitTimeout)
+	defer cancel()
+	return chromedp.Do(ctx, chromedp.Navigate(url))
 }
 
 // Fetched is what Fetch got.
