@@ -195,9 +195,10 @@ WHERE EXISTS (SELECT 1 FROM compute_dirty d
               WHERE d.shard = s AND d.job_id IS NULL AND d.not_before <= compute_now() AND d.kind = ANY($2::text[]))`
 
 // ReadClaimedSQL reads the dirty rows that point at job $2, of reconciler $1,
-// in key order, optionally only key $3 ("" for all): key, gen and when it was
-// first dirtied.
-const ReadClaimedSQL = `SELECT key, gen, dirtied_at FROM compute_dirty
+// in key order, optionally only key $3 ("" for all): key, gen, when it was
+// first dirtied, and the causes of its dirties (traceparents, NULL when none;
+// see migrations/core/0009_dirty_trace.sql).
+const ReadClaimedSQL = `SELECT key, gen, dirtied_at, trace_claimed || trace_links FROM compute_dirty
 WHERE kind = $1 AND job_id = $2 AND ($3 = '' OR key = $3) ORDER BY key`
 
 // FinishBatchSQL ends a run of job $2 of reconciler $1 (the function

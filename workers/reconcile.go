@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/jobs"
@@ -149,11 +150,12 @@ type claimedKey struct {
 	key     string
 	gen     int64
 	dirtied time.Time
+	causes  []string // traceparents of its dirties (jobs.DirtyTx)
 }
 
 func scanClaimed(row pgx.CollectableRow) (claimedKey, error) {
 	var c claimedKey
-	err := row.Scan(&c.key, &c.gen, &c.dirtied)
+	err := row.Scan(&c.key, &c.gen, &c.dirtied, &c.causes)
 	return c, err
 }
 
@@ -177,6 +179,7 @@ func fenceJob(ctx context.Context, tx pgx.Tx, l lease.Lease, row *rivertype.JobR
 type batchRun struct {
 	start   time.Time
 	dirtied []time.Time
+	span    trace.Span // the run's span, from the read of its rows to its commit
 }
 
 // tx runs, in one fenced transaction, the reconciles of the keys that point at
@@ -186,8 +189,12 @@ type batchRun struct {
 // complete, completes the job. A reconcile's error is a *keyError.
 func (b *batchRun) tx(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, only string, complete bool) error {
 	err := fencedTx(ctx, rt, l, row, func(ctx context.Context, tx pgx.Tx) error {
-		return b.run(ctx, tx, l, row, rec, only, complete)
+		return b.run(ctx, rt, tx, l, row, rec, only, complete)
 	})
+	if b.span != nil {
+		EndSpanOutcome(b.span, err, Outcome(ctx, err))
+		b.span = nil
+	}
 	if err == nil {
 		took := time.Since(b.start)
 		now := rt.anchor.Now()
@@ -198,8 +205,12 @@ func (b *batchRun) tx(ctx context.Context, rt *Runtime, l lease.Lease, row *rive
 	return err
 }
 
-func (b *batchRun) run(ctx context.Context, tx pgx.Tx, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, only string, complete bool) error {
+func (b *batchRun) run(ctx context.Context, rt *Runtime, tx pgx.Tx, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, only string, complete bool) error {
 	b.start, b.dirtied = time.Now(), b.dirtied[:0]
+	if b.span != nil {
+		EndSpan(b.span, errRetried) // the connection was lost: the run starts again
+		b.span = nil
+	}
 	kind := rec.Kind
 
 	// The fences and the rows, one round trip.
@@ -223,6 +234,10 @@ func (b *batchRun) run(ctx context.Context, tx pgx.Tx, l lease.Lease, row *river
 	if errRows != nil {
 		return pg.Translate(fmt.Errorf("error reading the dirty keys of job %d: %w", row.ID, errRows))
 	}
+
+	// The reconcile's span: caused by the dirties of its keys (the reconciles
+	// get its context, so what they dirty or append records it in turn).
+	ctx, b.span = reconcileSpan(ctx, rt.TracerProvider(), l, row, kind, only, claimed)
 
 	keys := make([]string, len(claimed))
 	gens := make([]int64, len(claimed))
