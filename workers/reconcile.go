@@ -31,6 +31,13 @@ import (
 // Every run is one transaction fenced by the shard lease and by its job's
 // attempt, and touches only the rows that point at its job: a key has one live
 // job at a time, so two reconciles of a key never both commit.
+//
+// Every run is the span bettercompute.reconcile (ReconcileSpan), caused by the
+// dirties of its keys (jobs: "Trace context"): their first cause is its parent
+// on the claimed path, where it is the root of the work (River's span is the
+// parent of a batch River works), and each cause is a link, at most
+// tracing.MaxCauses. The reconciles get its context, so an event they append or
+// a key they dirty is caused by the reconcile in turn.
 
 // reconcileWorker works jobs.Reconcile: one key of one reconciler, on its own
 // (a key whose reconcile failed in a batch, retried with River's backoff).
