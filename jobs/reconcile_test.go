@@ -251,3 +251,16 @@ func TestMarkDirtyRecordsCauses(t *testing.T) {
 	require.NoError(t, db.QueryRow(ctx, jobs.ReadClaimedSQL, "item", job, "").Scan(&key, &g, new(time.Time), &read))
 	require.Equal(t, []string{traceparent(1, 1), traceparent(2, 2), traceparent(3, 3), traceparent(5, 5)}, read)
 }
+
+// TestDirtyCausesCostNothingWithoutASampledSpan: what DirtyTx (and AppendTx,
+// StartTx, SignalTx) add to a call when the context has no sampled span is
+// one check, without an allocation: the cause is a nil argument (NULL).
+func TestDirtyCausesCostNothingWithoutASampledSpan(t *testing.T) {
+	unsampled := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{1}, SpanID: trace.SpanID{1}}))
+	for _, ctx := range []context.Context{context.Background(), unsampled} {
+		var c any
+		require.Zero(t, testing.AllocsPerRun(1000, func() { c = tracing.CauseOrNil(ctx) }))
+		require.Nil(t, c)
+	}
+}
