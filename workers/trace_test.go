@@ -3,8 +3,10 @@ package workers_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -376,4 +378,84 @@ func TestNoCauseIsStoredWithoutASampledSpan(t *testing.T) {
 		AND NOT metadata ? $3 AND state = 'completed'`, jobs.WorkflowStepKind, wf, jobs.TraceparentKey),
 		"three steps, no traceparent in their jobs' metadata")
 	require.Empty(t, c.rec.Ended(), "the worker's tracing is off")
+}
+
+// TestReconcilesRiverWorksKeepTheirCauses: the causes of a batch claimed by a
+// holder that died reach the reconcile River runs when the batch is handed
+// back, and a key that failed in a batch keeps its causes for its own job:
+// each reconcile's parent is the dirtying request's span, and it links to it.
+func TestReconcilesRiverWorksKeepTheirCauses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(t, `UPDATE compute_settings SET shard_count = 1`) // every key in shard 0
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	app := tp.Tracer("the application")
+	dirtyIn := func(key string) trace.SpanContext {
+		t.Helper()
+		ctx, span := app.Start(ctx, "request "+key)
+		defer span.End()
+		require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+			return jobs.DirtyTx(ctx, tx, "thing", key, nil)
+		}))
+		return span.SpanContext()
+	}
+	handed, failing := dirtyIn("handed"), dirtyIn("failing")
+	// A dead holder's claim of both keys, handed back when the runtime starts.
+	db.MustExec(t, `INSERT INTO compute_leases (name, owner, epoch, expires_at) VALUES ('shard/0', 'ghost#1', 4, compute_now() + interval '1 hour')`)
+	rows, err := db.Query(ctx, jobs.ClaimDirtySQL, 0, "shard/0", "ghost#1", int64(4), []string{"thing"}, []int{32}, 32, time.Now(), "shard_0")
+	require.NoError(t, err)
+	rows.Close()
+	require.NoError(t, rows.Err())
+	db.MustExec(t, `UPDATE compute_leases SET expires_at = compute_now() - interval '1 second' WHERE name = 'shard/0'`)
+
+	var failed atomic.Bool
+	reg := workers.NewRegistry()
+	require.NoError(t, workers.AddReconciler(reg, workers.Reconciler{Kind: "thing",
+		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
+			if key == "failing" && failed.CompareAndSwap(false, true) {
+				return workers.Result{}, errors.New("fails once")
+			}
+			return workers.Result{}, nil
+		}}))
+	workertest.Start(t, db.Pool, reg, &workers.Options{Shards: []int{0}, TracerProvider: tp})
+	workertest.WaitFor(t, 60*time.Second, "both keys reconciled", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM compute_dirty`) == 0
+	})
+	for key, cause := range map[string]trace.SpanContext{"handed": handed, "failing": failing} {
+		var done []sdktrace.ReadOnlySpan
+		workertest.WaitFor(t, 10*time.Second, "the completed reconcile span of "+key, func() bool {
+			done = done[:0]
+			for _, s := range rec.Ended() {
+				if s.Name() == workers.ReconcileSpan && hasAttr(tracing.Outcome, tracing.OutcomeCompleted)(s) &&
+					(hasAttr(tracing.Key, key)(s) || keysHold(s, key)) {
+					done = append(done, s)
+				}
+			}
+			return len(done) > 0
+		})
+		for _, s := range done {
+			require.Equal(t, cause.TraceID(), s.SpanContext().TraceID(), "the reconcile of %s is in its request's trace", key)
+			require.Equal(t, cause.SpanID(), s.Parent().SpanID(), "the request is the parent of the reconcile of %s", key)
+			require.Contains(t, links(s), cause.SpanID(), "the reconcile of %s links to its request", key)
+		}
+	}
+	require.True(t, failed.Load())
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed'`, jobs.ReconcileKind),
+		"the failing key was reconciled by its own job")
+}
+
+// keysHold reports whether s's bettercompute.keys holds key.
+func keysHold(s sdktrace.ReadOnlySpan, key string) bool {
+	v, ok := attr(s, tracing.Keys)
+	if !ok {
+		return false
+	}
+	for _, k := range v.AsStringSlice() {
+		if k == key {
+			return true
+		}
+	}
+	return false
 }
