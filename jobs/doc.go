@@ -1,7 +1,8 @@
 // Package jobs holds what applications enqueue and the helpers that route it:
 // the reconcile jobs and DirtyTx (coalescing), and the shard of a key. It imports
-// only River, pgx, the standard library and platform/fault (the one error type,
-// itself standard library only), so enqueueing never pulls in worker code. Bad
+// only River, pgx, the standard library, platform/fault (the one error type,
+// itself standard library only) and platform/tracing (the OpenTelemetry API, no
+// SDK), so enqueueing never pulls in worker code. Bad
 // input (a kind, a key, job args that cannot be worked) is INVALID_ARGUMENT.
 //
 // # Shards
@@ -47,4 +48,25 @@
 // row last, so taking it first and a domain row second could deadlock with it.
 // PostgreSQL breaks such a deadlock (40P01, CONFLICT); nothing is lost, but it costs
 // a retry.
+//
+// # Trace context
+//
+// A dirty records its cause: the W3C traceparent of the caller's sampled span
+// (tracing.Cause), nothing else. DirtyTx passes the span of its ctx; a call of
+// compute_mark_dirty without one (a trigger's) takes the transaction's setting
+// bettercompute.traceparent, which TraceTx sets from ctx. The causes gather on the
+// key's row (compute_dirty.trace_links) until a claim takes them, each once and
+// at most tracing.MaxCauses (later ones are dropped), so a key dirtied by two
+// requests before its reconcile keeps both:
+//
+//	no row ──DirtyTx (request A)──▶ waiting, trace_links {A}
+//	waiting ──DirtyTx (request B)──▶ waiting, trace_links {A, B}
+//	waiting ──claim──▶ claimed, trace_claimed {A, B}, trace_links NULL (a later dirty starts afresh)
+//
+// The reconcile's span (workers: bettercompute.reconcile) has the first cause of
+// its batch as parent when it has no other (the claimed path, where no River span
+// runs), so it is in request A's trace, and a link to every cause of every key
+// of the batch (at most MaxCauses). A key failing alone keeps its causes for its
+// own job. With no sampled span the column stays NULL and a dirty costs one
+// check; a malformed cause is ignored, never an error.
 package jobs

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/tracing"
 )
 
 // Reconcile is the River job that reconciles one key of a reconciler kind on its
@@ -125,6 +126,9 @@ type DirtyOpts struct {
 // compute_mark_dirty (which triggers and other languages call the same way). It
 // returns INVALID_ARGUMENT for a kind that is not [a-z][a-z0-9_]{0,62} or a key
 // that is empty or longer than MaxKeyLen, before any statement is sent.
+//
+// The span of ctx, if sampled, is recorded as a cause of the key's next
+// reconcile (tracing.Cause; see "Trace context" in the package doc).
 func DirtyTx(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) error {
 	if err := ValidateKind(kind); err != nil {
 		return err
@@ -139,7 +143,7 @@ func DirtyTx(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) 
 	if delay > MaxDirtyDelay {
 		return invalid("dirty %s: delay %s is longer than %s", kind, delay, MaxDirtyDelay)
 	}
-	if _, err := tx.Exec(ctx, markDirtySQL, kind, key, delay.Seconds(), int64(KeyHash(key))); err != nil {
+	if _, err := tx.Exec(ctx, markDirtySQL, kind, key, delay.Seconds(), int64(KeyHash(key)), tracing.CauseOrNil(ctx)); err != nil {
 		return fmt.Errorf("error marking %s/%s dirty: %w", kind, key, err)
 	}
 	return nil
@@ -148,9 +152,39 @@ func DirtyTx(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) 
 // MaxDirtyDelay is the longest DirtyOpts.Delay: 100 years, as compute_mark_dirty.
 const MaxDirtyDelay = 3155760000 * time.Second
 
-// markDirtySQL calls compute_mark_dirty (migrations/core/0007_dirty_claims.sql):
-// $1 kind, $2 key, $3 delay (s), $4 KeyHash(key).
-const markDirtySQL = `SELECT compute_mark_dirty($1, $2, $3::float8, $4::bigint)`
+// markDirtySQL calls compute_mark_dirty (migrations/core/0009_dirty_trace.sql):
+// $1 kind, $2 key, $3 delay (s), $4 KeyHash(key), $5 the caller's cause (a
+// traceparent, or NULL: then the transaction's bettercompute.traceparent).
+const markDirtySQL = `SELECT compute_mark_dirty($1, $2, $3::float8, $4::bigint, $5::text)`
+
+// TraceSetting is the transaction-local setting compute_mark_dirty reads the
+// cause from when its caller passes none: what a trigger's call records.
+const TraceSetting = "bettercompute.traceparent"
+
+const traceTxSQL = `SELECT set_config('` + TraceSetting + `', $1, true)`
+
+// TraceTx records the span of ctx, if sampled, as the cause of the dirties of
+// tx that pass none: compute_mark_dirty called by a trigger or by SQL of the
+// application's own (set_config(..., true): until tx ends). With no sampled
+// span in ctx it does nothing and sends nothing.
+//
+//	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
+//		if err := jobs.TraceTx(ctx, tx); err != nil {
+//			return err
+//		}
+//		_, err := tx.Exec(ctx, `UPDATE stock SET quantity = $2 WHERE sku = $1`, sku, n) // its trigger dirties the sku
+//		return err
+//	})
+func TraceTx(ctx context.Context, tx pgx.Tx) error {
+	c := tracing.Cause(ctx)
+	if c == "" {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, traceTxSQL, c); err != nil {
+		return fmt.Errorf("error recording the transaction's trace context: %w", err)
+	}
+	return nil
+}
 
 // ReconcileBatch is the River job that carries a batch of dirty keys of one
 // reconciler and shard: the shard's holder claims due keys from compute_dirty,

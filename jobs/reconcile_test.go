@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -9,12 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/platform/tracing"
 )
 
 // TestDirtyRefusesBadInputWithInvalidArgument: a bad kind or key is the caller's
@@ -140,5 +144,123 @@ func TestShardOfIsFNV1aModCount(t *testing.T) {
 		for _, count := range []int{1, 2, 3, 7, 16, 100, 1024, 4096} {
 			require.Equal(t, int(fnv1a32(key)%uint32(count)), jobs.ShardOf(key, count), "ShardOf(%q, %d)", key, count)
 		}
+	}
+}
+
+// traceparent is a W3C traceparent of trace t, span s (sampled).
+func traceparent(t, s int) string {
+	return fmt.Sprintf("00-%032x-%016x-01", t, s)
+}
+
+// sampledCtx is a context whose span (trace t, span s) is sampled, as an
+// application's request's would be.
+func sampledCtx(t, s int) context.Context {
+	var tid trace.TraceID
+	var sid trace.SpanID
+	binary.BigEndian.PutUint64(tid[8:], uint64(t))
+	binary.BigEndian.PutUint64(sid[:], uint64(s))
+	return trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled}))
+}
+
+// TestMarkDirtyRecordsCauses: compute_mark_dirty records each caller's cause
+// on the key's row, once each and in order, at most tracing.MaxCauses: the
+// one passed (DirtyTx's), or else the transaction's bettercompute.traceparent
+// (TraceTx's, or set_config's: what a trigger's call records). A malformed one
+// is ignored and the dirty done. The claim moves the causes to its run, so a
+// later dirty starts a fresh list, and the run reads both.
+func TestMarkDirtyRecordsCauses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	inTx := func(ctx context.Context, fn func(tx pgx.Tx)) {
+		t.Helper()
+		require.NoError(t, pg.InTx(ctx, db.Pool, func(_ context.Context, tx pgx.Tx) error { fn(tx); return nil }))
+	}
+	causes := func(col, key string) []string {
+		t.Helper()
+		var links []string
+		require.NoError(t, db.QueryRow(ctx, `SELECT `+col+` FROM compute_dirty WHERE kind = 'item' AND key = $1`, key).Scan(&links))
+		return links
+	}
+	gen := func(key string) int {
+		return db.MustCount(t, `SELECT gen FROM compute_dirty WHERE kind = 'item' AND key = $1`, key)
+	}
+
+	// A trigger's call (two arguments) in a transaction whose setting is set.
+	inTx(ctx, func(tx pgx.Tx) {
+		_, err := tx.Exec(ctx, `SELECT set_config('bettercompute.traceparent', $1, true)`, traceparent(1, 1))
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `SELECT compute_mark_dirty('item', 'k')`)
+		require.NoError(t, err)
+	})
+	require.Equal(t, []string{traceparent(1, 1)}, causes("trace_links", "k"))
+	// The setting ended with its transaction: a call without one adds nothing.
+	db.MustExec(t, `SELECT compute_mark_dirty('item', 'k', 0)`)
+	require.Equal(t, []string{traceparent(1, 1)}, causes("trace_links", "k"))
+	// DirtyTx passes its context's span; jobs.TraceTx sets the setting from it.
+	inTx(ctx, func(tx pgx.Tx) {
+		require.NoError(t, jobs.DirtyTx(sampledCtx(2, 2), tx, "item", "k", nil))
+		require.NoError(t, jobs.DirtyTx(sampledCtx(2, 2), tx, "item", "k", nil)) // the same span: kept once
+		require.NoError(t, jobs.TraceTx(sampledCtx(3, 3), tx))
+		_, err := tx.Exec(ctx, `SELECT compute_mark_dirty('item', 'k', 0, NULL)`)
+		require.NoError(t, err)
+	})
+	require.Equal(t, []string{traceparent(1, 1), traceparent(2, 2), traceparent(3, 3)}, causes("trace_links", "k"))
+	// Malformed causes, passed or set, are ignored; the dirty is done.
+	before := gen("k")
+	for _, bad := range []string{"garbage", "01-" + traceparent(4, 4)[3:], traceparent(4, 4) + "x", ""} {
+		db.MustExec(t, `SELECT compute_mark_dirty('item', 'k', 0, NULL, $1)`, bad)
+		inTx(ctx, func(tx pgx.Tx) {
+			_, err := tx.Exec(ctx, `SELECT set_config('bettercompute.traceparent', $1, true), compute_mark_dirty('item', 'k')`, bad)
+			require.NoError(t, err, "a malformed cause %q", bad)
+		})
+	}
+	require.Equal(t, before+8, gen("k"), "every dirty with a malformed cause was done")
+	require.Equal(t, []string{traceparent(1, 1), traceparent(2, 2), traceparent(3, 3)}, causes("trace_links", "k"))
+
+	// At most MaxCauses, the first ones.
+	var want []string
+	for i := 1; i <= tracing.MaxCauses+8; i++ {
+		db.MustExec(t, `SELECT compute_mark_dirty(kind => 'item', key => 'many', trace_parent => $1)`, traceparent(9, i))
+		if i <= tracing.MaxCauses {
+			want = append(want, traceparent(9, i))
+		}
+	}
+	require.Equal(t, want, causes("trace_links", "many"))
+	db.MustExec(t, `SELECT compute_mark_dirty('item', 'none')`)
+	require.Nil(t, causes("trace_links", "none"), "no cause: NULL")
+
+	// The claim moves the causes to the run; a dirty after it starts afresh,
+	// and the run reads both.
+	shard := jobs.ShardOf("k", pgtest.DefaultShardCount)
+	db.MustExec(t, `DELETE FROM compute_dirty WHERE key <> 'k'`)
+	db.MustExec(t, `INSERT INTO compute_leases (name, owner, epoch, expires_at) VALUES ($1, 'w#1', 1, compute_now() + interval '1 hour')`,
+		fmt.Sprintf("shard/%d", shard))
+	var job int64
+	var kind, key string
+	var g int64
+	require.NoError(t, db.QueryRow(ctx, jobs.ClaimDirtySQL, shard, fmt.Sprintf("shard/%d", shard), "w#1", int64(1),
+		[]string{"item"}, []int{32}, 32, time.Now(), jobs.ShardQueue(shard)).Scan(&job, &kind, &key, &g))
+	require.Equal(t, "k", key)
+	require.Nil(t, causes("trace_links", "k"), "claimed: the causes moved to the run")
+	require.Equal(t, []string{traceparent(1, 1), traceparent(2, 2), traceparent(3, 3)}, causes("trace_claimed", "k"))
+	db.MustExec(t, `SELECT compute_mark_dirty('item', 'k', 0, NULL, $1)`, traceparent(5, 5))
+	require.Equal(t, []string{traceparent(5, 5)}, causes("trace_links", "k"), "a dirty after the claim starts a fresh list")
+	var read []string
+	require.NoError(t, db.QueryRow(ctx, jobs.ReadClaimedSQL, "item", job, "").Scan(&key, &g, new(time.Time), &read))
+	require.Equal(t, []string{traceparent(1, 1), traceparent(2, 2), traceparent(3, 3), traceparent(5, 5)}, read)
+}
+
+// TestDirtyCausesCostNothingWithoutASampledSpan: what DirtyTx (and AppendTx,
+// StartTx, SignalTx) add to a call when the context has no sampled span is
+// one check, without an allocation: the cause is a nil argument (NULL).
+func TestDirtyCausesCostNothingWithoutASampledSpan(t *testing.T) {
+	unsampled := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{1}, SpanID: trace.SpanID{1}}))
+	for _, ctx := range []context.Context{context.Background(), unsampled} {
+		var c any
+		require.Zero(t, testing.AllocsPerRun(1000, func() { c = tracing.CauseOrNil(ctx) }))
+		require.Nil(t, c)
 	}
 }

@@ -195,9 +195,10 @@ WHERE EXISTS (SELECT 1 FROM compute_dirty d
               WHERE d.shard = s AND d.job_id IS NULL AND d.not_before <= compute_now() AND d.kind = ANY($2::text[]))`
 
 // ReadClaimedSQL reads the dirty rows that point at job $2, of reconciler $1,
-// in key order, optionally only key $3 ("" for all): key, gen and when it was
-// first dirtied.
-const ReadClaimedSQL = `SELECT key, gen, dirtied_at FROM compute_dirty
+// in key order, optionally only key $3 ("" for all): key, gen, when it was
+// first dirtied, and the causes of its dirties (traceparents, NULL when none;
+// see migrations/core/0009_dirty_trace.sql).
+const ReadClaimedSQL = `SELECT key, gen, dirtied_at, trace_claimed || trace_links FROM compute_dirty
 WHERE kind = $1 AND job_id = $2 AND ($3 = '' OR key = $3) ORDER BY key`
 
 // FinishBatchSQL ends a run of job $2 of reconciler $1 (the function
@@ -554,16 +555,26 @@ func RunningByAttempter(ctx context.Context, db pg.DBTX, oldBefore time.Time) ([
 
 // workflowJobInsert is the River job row of a workflow step, for an INSERT ...
 // SELECT over a relation w with columns job_id, id, kind, step, seq: kind
-// workflow_step, River's default priority.
+// workflow_step, River's default priority. Its last argument is the caller's
+// cause (a traceparent, or NULL), which goes in the job's metadata as
+// {"traceparent": …}, the key River's OpenTelemetry middleware reads, and an
+// empty metadata without one.
 var workflowJobInsert = fmt.Sprintf(`
     INSERT INTO river_job (id, args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata)
     SELECT w.job_id, jsonb_build_object('workflow_id', w.id, 'workflow', w.kind, 'step', w.step, 'seq', w.seq),
-           '%s', %%s, %d, %%s, %%s, %%s, '{}', '{}'`, WorkflowStepKind, river.PriorityDefault)
+           '%s', %%s, %d, %%s, %%s, %%s, '{}',
+           CASE WHEN %%[5]s IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('%s', %%[5]s) END`,
+	WorkflowStepKind, river.PriorityDefault, TraceparentKey)
+
+// TraceparentKey is the key of a job's metadata that holds its cause, a W3C
+// traceparent: the one River's OpenTelemetry middleware (otelriver) reads.
+const TraceparentKey = "traceparent"
 
 // StartWorkflowsSQL inserts workflow instances and the River job of each one's
 // first step, in one statement: $1 ids, $2 kinds, $3 inputs (jsonb), $4 the
 // FNV-1a hashes of the ids (the shard), $5 parent id, $6 parent seq, $7 River's
-// scheduled_at (the caller's clock, as River's own inserts). A kind not
+// scheduled_at (the caller's clock, as River's own inserts), $8 the caller's
+// cause (a traceparent or NULL: the jobs' metadata). A kind not
 // in compute_workflow_kinds inserts nothing; an id that exists inserts
 // nothing. It returns the ids inserted.
 var StartWorkflowsSQL = fmt.Sprintf(`
@@ -580,7 +591,7 @@ WITH i AS (
     RETURNING id
 )
 SELECT w.id FROM w`, fmt.Sprintf(workflowJobInsert, fmt.Sprint(river.MaxAttemptsDefault),
-	`'`+ShardQueuePrefix+`' || (i.hash % (SELECT shard_count FROM compute_settings))`, "$7::timestamptz", "'available'"))
+	`'`+ShardQueuePrefix+`' || (i.hash % (SELECT shard_count FROM compute_settings))`, "$7::timestamptz", "'available'", "$8::text"))
 
 // AdvanceWorkflowSQL moves a workflow instance, locked by the caller's
 // transaction at seq $2, to its next state, and inserts the River job of its
@@ -588,7 +599,8 @@ SELECT w.id FROM w`, fmt.Sprintf(workflowJobInsert, fmt.Sprint(river.MaxAttempts
 // step, $5 state (NULL keeps it), $6 result, $7 error, $8 wait, $9 wake_at (on
 // compute_now(); NULL for none), $10 whether a job follows, $11
 // its queue, $12 its River scheduled_at, $13 its River state, $14 its max
-// attempts. It returns the new seq and job id (NULL without a job); no row
+// attempts, $15 the caller's cause (a traceparent or NULL: the job's
+// metadata). It returns the new seq and job id (NULL without a job); no row
 // means the seq moved (the caller's lock should make that impossible).
 var AdvanceWorkflowSQL = fmt.Sprintf(`
 WITH w AS (
@@ -604,7 +616,7 @@ WITH w AS (
     FROM w WHERE w.job_id IS NOT NULL
     RETURNING id
 )
-SELECT w.seq, w.job_id FROM w`, fmt.Sprintf(workflowJobInsert, "$14::int", "$11::text", "$12::timestamptz", "$13::river_job_state"))
+SELECT w.seq, w.job_id FROM w`, fmt.Sprintf(workflowJobInsert, "$14::int", "$11::text", "$12::timestamptz", "$13::river_job_state", "$15::text"))
 
 // WakeWorkflowJobSQL makes the waiting job of workflow $1 available at $3
 // (River's clock: now), when the workflow is waiting and (with $2 not NULL)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/jobs"
@@ -30,6 +31,13 @@ import (
 // Every run is one transaction fenced by the shard lease and by its job's
 // attempt, and touches only the rows that point at its job: a key has one live
 // job at a time, so two reconciles of a key never both commit.
+//
+// Every run is the span bettercompute.reconcile (ReconcileSpan), caused by the
+// dirties of its keys (jobs: "Trace context"): their first cause is its parent
+// on the claimed path, where it is the root of the work (River's span is the
+// parent of a batch River works), and each cause is a link, at most
+// tracing.MaxCauses. The reconciles get its context, so an event they append or
+// a key they dirty is caused by the reconcile in turn.
 
 // reconcileWorker works jobs.Reconcile: one key of one reconciler, on its own
 // (a key whose reconcile failed in a batch, retried with River's backoff).
@@ -150,11 +158,12 @@ type claimedKey struct {
 	key     string
 	gen     int64
 	dirtied time.Time
+	causes  []string // traceparents of its dirties (jobs.DirtyTx)
 }
 
 func scanClaimed(row pgx.CollectableRow) (claimedKey, error) {
 	var c claimedKey
-	err := row.Scan(&c.key, &c.gen, &c.dirtied)
+	err := row.Scan(&c.key, &c.gen, &c.dirtied, &c.causes)
 	return c, err
 }
 
@@ -178,6 +187,7 @@ func fenceJob(ctx context.Context, tx pgx.Tx, l lease.Lease, row *rivertype.JobR
 type batchRun struct {
 	start   time.Time
 	dirtied []time.Time
+	span    trace.Span // the run's span, from the read of its rows to its commit
 }
 
 // tx runs, in one fenced transaction, the reconciles of the keys that point at
@@ -187,8 +197,12 @@ type batchRun struct {
 // complete, completes the job. A reconcile's error is a *keyError.
 func (b *batchRun) tx(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, only string, complete bool) error {
 	err := fencedTx(ctx, rt, l, row, func(ctx context.Context, tx pgx.Tx) error {
-		return b.run(ctx, tx, l, row, rec, only, complete)
+		return b.run(ctx, rt, tx, l, row, rec, only, complete)
 	})
+	if b.span != nil {
+		EndSpanOutcome(b.span, err, Outcome(ctx, err))
+		b.span = nil
+	}
 	if err == nil {
 		took := time.Since(b.start)
 		now := rt.anchor.Now()
@@ -199,8 +213,12 @@ func (b *batchRun) tx(ctx context.Context, rt *Runtime, l lease.Lease, row *rive
 	return err
 }
 
-func (b *batchRun) run(ctx context.Context, tx pgx.Tx, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, only string, complete bool) error {
+func (b *batchRun) run(ctx context.Context, rt *Runtime, tx pgx.Tx, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, only string, complete bool) error {
 	b.start, b.dirtied = time.Now(), b.dirtied[:0]
+	if b.span != nil {
+		EndSpan(b.span, errRetried) // the connection was lost: the run starts again
+		b.span = nil
+	}
 	kind := rec.Kind
 
 	// The fences and the rows, one round trip.
@@ -224,6 +242,10 @@ func (b *batchRun) run(ctx context.Context, tx pgx.Tx, l lease.Lease, row *river
 	if errRows != nil {
 		return pg.Translate(fmt.Errorf("error reading the dirty keys of job %d: %w", row.ID, errRows))
 	}
+
+	// The reconcile's span: caused by the dirties of its keys (the reconciles
+	// get its context, so what they dirty or append records it in turn).
+	ctx, b.span = reconcileSpan(ctx, rt.TracerProvider(), l, row, kind, only, claimed)
 
 	keys := make([]string, len(claimed))
 	gens := make([]int64, len(claimed))

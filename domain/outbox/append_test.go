@@ -9,10 +9,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox/outboxtest"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/platform/tracing"
 )
 
 // statementCounter is a pgx.Tx that counts the statements sent through it.
@@ -115,4 +118,44 @@ func TestAppendProcedure(t *testing.T) {
 	_, err = db.Exec(ctx, `CALL compute_append_event('t', 'k', 'not json')`)
 	require.Equal(t, "22P02", pg.SQLState(err), "%v", err)
 	require.Equal(t, 14, db.MustCount(t, `SELECT count(*) FROM compute_events`))
+}
+
+// TestAppendRecordsItsCause: an event records the traceparent of AppendTx's
+// sampled span (one event or several), NULL without one or with an unsampled
+// one, and Read returns it; a malformed cause written from SQL is stored as
+// NULL and the event appended.
+func TestAppendRecordsItsCause(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	span := func(flags trace.TraceFlags) context.Context {
+		return trace.ContextWithSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{
+			TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5, 6}, TraceFlags: flags}))
+	}
+	sampled := span(trace.FlagsSampled)
+	cause := tracing.Cause(sampled)
+	require.Len(t, cause, 55)
+	for _, c := range []struct {
+		ctx   context.Context
+		topic string
+		n     int
+	}{{sampled, "traced", 1}, {sampled, "traced-many", 3}, {span(0), "unsampled", 2}, {ctx, "no-span", 1}} {
+		msgs := make([]outbox.Message, c.n)
+		for i := range msgs {
+			msgs[i] = outbox.Message{Topic: c.topic}
+		}
+		require.NoError(t, pg.InTx(c.ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error { return outbox.AppendTx(ctx, tx, msgs...) }))
+	}
+	_, err := db.Exec(ctx, `CALL compute_append_event('malformed', '', 'null', 'garbage')`)
+	require.NoError(t, err)
+
+	events, _ := outboxtest.ReadN(t, db.Pool, outbox.Cursor{}, 8) // readable once the cluster's older transactions ended
+	got := map[string][]string{}
+	for _, e := range events {
+		got[e.Topic] = append(got[e.Topic], e.Cause)
+	}
+	require.Equal(t, map[string][]string{
+		"traced": {cause}, "traced-many": {cause, cause, cause}, "unsampled": {"", ""}, "no-span": {""}, "malformed": {""},
+	}, got)
+	require.Equal(t, 4, db.MustCount(t, `SELECT count(*) FROM compute_events WHERE cause IS NULL`))
 }

@@ -29,6 +29,20 @@
 //   - A long write transaction anywhere in the cluster holds every reader at
 //     its txid until it ends (that is the rule working).
 //
+// # Trace context
+//
+// AppendTx records each event's cause: the W3C traceparent of the span of its
+// context, if sampled (platform/tracing.Cause), in compute_events.cause (NULL
+// otherwise: with tracing off an append costs one check), and Read returns it as
+// Event.Cause. A cause is only a trace id, a span id and flags, never a payload;
+// the SSE stream (/v1/events) does not show it. A malformed one is stored as
+// NULL. A sink's delivery of a batch is the span bettercompute.outbox.deliver
+// caused by the batch's events (workers/outboxworker), so an event appended by
+// a reconcile is delivered in that reconcile's trace.
+//
+// The table dispatchers' rows are the application's own table, which has no
+// cause column: a dispatch pass is not tied to the request that wrote the rows.
+//
 // # Sinks
 //
 // A sink is a named consumer with a row in compute_sinks (its cursor, a pause

@@ -11,6 +11,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/tracing"
 )
 
 // Message is one event to append: a topic (what happened), a key (what it
@@ -35,6 +36,10 @@ type Event struct {
 	Key       string
 	Payload   json.RawMessage
 	CreatedAt time.Time // compute_now() of the appending transaction
+	// Cause is the W3C traceparent of the span that appended the event
+	// (tracing.Cause of AppendTx's context), "" when it had no sampled span: a
+	// sink's delivery span is caused by it. The SSE stream does not show it.
+	Cause string
 }
 
 // MaxTopicLen and MaxKeyLen bound a Message's topic and key.
@@ -77,11 +82,12 @@ func (m Message) validate() error {
 // outbox/0003_append): the server keeps that procedure's INSERT planned, where
 // an INSERT sent as an unnamed statement (the only kind the pool sends) is
 // parsed, rewritten and planned again at every call. $3 is the payload's JSON
-// text, which the procedure's jsonb parameter parses.
-const appendOneSQL = `CALL compute_append_event($1, $2, $3)`
+// text, which the procedure's jsonb parameter parses; $4 the caller's cause
+// (a traceparent, or NULL; migration outbox/0004_cause).
+const appendOneSQL = `CALL compute_append_event($1, $2, $3, $4)`
 
-const appendManySQL = `INSERT INTO compute_events (topic, key, payload)
-SELECT t, k, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS m(t, k, p, i) ORDER BY i`
+const appendManySQL = `INSERT INTO compute_events (topic, key, payload, cause)
+SELECT t, k, p::jsonb, $4::text FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS m(t, k, p, i) ORDER BY i`
 
 // Append writes msgs to the event log in tx, the caller's transaction: if tx
 // rolls back, so do the events; once it commits, every sink delivers them (at
@@ -94,6 +100,9 @@ SELECT t, k, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDIN
 //		}
 //		return outbox.AppendTx(ctx, tx, outbox.Message{Topic: "item.changed", Key: id, Payload: change})
 //	})
+//
+// The span of ctx, if sampled, is recorded as each event's cause (Event.Cause):
+// the delivery of the event is a span caused by it.
 //
 // It returns INVALID_ARGUMENT for an empty or long topic, a long key, or a
 // payload that is not JSON.
@@ -110,7 +119,7 @@ func AppendTx(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, appendOneSQL, m.Topic, m.Key, p); err != nil {
+		if _, err := tx.Exec(ctx, appendOneSQL, m.Topic, m.Key, p, tracing.CauseOrNil(ctx)); err != nil {
 			return pg.Translate(fmt.Errorf("error appending event %s: %w", m.Topic, err))
 		}
 		return nil
@@ -128,7 +137,7 @@ func AppendTx(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 		}
 		topics[i], keys[i], payloads[i] = m.Topic, m.Key, p
 	}
-	if _, err := tx.Exec(ctx, appendManySQL, topics, keys, payloads); err != nil {
+	if _, err := tx.Exec(ctx, appendManySQL, topics, keys, payloads, tracing.CauseOrNil(ctx)); err != nil {
 		return pg.Translate(fmt.Errorf("error appending %d events: %w", len(msgs), err))
 	}
 	return nil
@@ -159,11 +168,11 @@ const readStreamSQL = readSelect + `,
 
 const readSelect = `
 SELECT s.txid::text AS txid_text, s.seq, s.topic, s.key,
-       CASE WHEN s.wanted THEN s.payload::text END AS payload_text, s.created_at, s.wanted`
+       CASE WHEN s.wanted THEN s.payload::text END AS payload_text, s.created_at, s.wanted, s.cause`
 
 const readFrom = `
 FROM (
-    SELECT e.txid, e.seq, e.topic, e.key, e.payload, e.created_at,
+    SELECT e.txid, e.seq, e.topic, e.key, e.payload, e.created_at, e.cause,
            (cardinality($4::text[]) = 0 OR e.topic = ANY($4::text[])) AS wanted
     FROM compute_events e
     WHERE e.txid < pg_snapshot_xmin(pg_current_snapshot())
@@ -226,9 +235,10 @@ func read(ctx context.Context, db pg.DBTX, o ReadOptions, withHorizon bool) (bat
 			payload *string
 			wanted  bool
 			hz      *string
+			cause   *string
 			e       Event
 		)
-		dest := []any{&txid, &e.ID.Seq, &e.Topic, &e.Key, &payload, &e.CreatedAt, &wanted}
+		dest := []any{&txid, &e.ID.Seq, &e.Topic, &e.Key, &payload, &e.CreatedAt, &wanted, &cause}
 		if withHorizon {
 			dest = append(dest, &hz)
 		}
@@ -256,6 +266,9 @@ func read(ctx context.Context, db pg.DBTX, o ReadOptions, withHorizon bool) (bat
 		if wanted {
 			if payload != nil {
 				e.Payload = json.RawMessage(*payload)
+			}
+			if cause != nil {
+				e.Cause = *cause
 			}
 			b.events = append(b.events, e)
 		}

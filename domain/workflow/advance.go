@@ -13,6 +13,7 @@ import (
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/tracing"
 )
 
 // This file is the step worker's side of the package (workers/workflowworker):
@@ -65,9 +66,9 @@ func Decide(ctx context.Context, db pg.DBTX, i *Info) (Event, error) {
 		}
 		if i.Wait.Signal != "" {
 			var s Signal
-			err := db.QueryRow(ctx, `SELECT id, payload, sent_at FROM compute_workflow_signals
+			err := db.QueryRow(ctx, `SELECT id, payload, sent_at, coalesce(cause, '') FROM compute_workflow_signals
 				WHERE workflow_id = $1 AND name = $2 AND consumed_at IS NULL ORDER BY id LIMIT 1`, i.ID, i.Wait.Signal).
-				Scan(&s.id, &s.Payload, &s.SentAt)
+				Scan(&s.id, &s.Payload, &s.SentAt, &s.cause)
 			switch {
 			case err == nil:
 				s.Name = i.Wait.Signal
@@ -352,7 +353,7 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, i *Info, t Transition) (int64, er
 	// parent's committed wait).
 	b := &pgx.Batch{}
 	b.Queue(jobs.AdvanceWorkflowSQL, i.ID, i.Seq, string(t.Status), t.Step, state, result, errText, wait,
-		t.WakeAt, t.Job, t.Queue, t.RunAt, jobState, maxAttempts)
+		t.WakeAt, t.Job, t.Queue, t.RunAt, jobState, maxAttempts, tracing.CauseOrNil(ctx))
 	if t.Outcome != "" {
 		var started, committed any
 		if !t.StartedAt.IsZero() {

@@ -136,7 +136,13 @@ type Signal struct {
 	Payload json.RawMessage
 	SentAt  time.Time
 	id      int64
+	cause   string
 }
+
+// Cause is the W3C traceparent of the span that sent the signal (SignalTx's
+// context), "" when it had no sampled span: the step that consumes the signal
+// links to it.
+func (s *Signal) Cause() string { return s.cause }
 
 // Decode decodes the signal's payload into v.
 func (s *Signal) Decode(v any) error {

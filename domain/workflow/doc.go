@@ -71,6 +71,22 @@
 //     their outstanding jobs are cancelled or fenced; a declared compensation
 //     step then runs once (its own seq).
 //
+// # Trace context
+//
+// A step job carries its cause, the W3C traceparent of the span of the call
+// that inserted it (platform/tracing.Cause), in its River metadata as
+// {"traceparent": …}: the key River's OpenTelemetry middleware reads, so with it
+// installed River's span of the job is in the cause's trace too. StartTx records
+// the caller's span (the application's request); a step's transaction inserts
+// the next step's job in the step's span (workers/workflowworker:
+// bettercompute.workflow.step), and so do the children it starts; CancelTx and
+// RetryTx record the operator's call. So the steps of a workflow chain in the
+// request's trace, each the parent of the next. SignalTx records the sender's
+// span on the signal's row (compute_workflow_signals.cause), and the step that
+// consumes the signal links to it (Signal.Cause). With no sampled span nothing
+// is stored (no metadata key, a NULL cause); a cause is only a traceparent,
+// never the input, state or payload; a malformed one is ignored.
+//
 // # Versioning
 //
 // A worker records its definitions (kinds, step names, signals) in

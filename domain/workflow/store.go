@@ -14,6 +14,7 @@ import (
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/tracing"
 )
 
 // MaxPayload is the largest input, state, result or signal payload, encoded as
@@ -180,7 +181,8 @@ func startManyTx(ctx context.Context, tx pgx.Tx, specs []startSpec, parent strin
 	if parent != "" {
 		parentArg, parentSeqArg = parent, parentSeq
 	}
-	rows, err := tx.Query(ctx, jobs.StartWorkflowsSQL, ids, kinds, inputs, hashes, parentArg, parentSeqArg, time.Now())
+	rows, err := tx.Query(ctx, jobs.StartWorkflowsSQL, ids, kinds, inputs, hashes, parentArg, parentSeqArg, time.Now(),
+		tracing.CauseOrNil(ctx))
 	if err != nil {
 		return pg.Translate(fmt.Errorf("error starting workflows: %w", err))
 	}
@@ -269,16 +271,17 @@ type SignalResult struct {
 // signalSQL locks the instance (so a step committing a wait and this signal
 // serialize), checks the name against the kind's recorded signals, and stores
 // the signal unless its dedup key was seen: $1 id, $2 name, $3 payload, $4
-// dedup key. Its row: status, known name, signal id (NULL for a duplicate or
-// a refusal), and whether the dedup key was seen before.
+// dedup key, $5 the sender's cause (a traceparent or NULL). Its row: status,
+// known name, signal id (NULL for a duplicate or a refusal), and whether the
+// dedup key was seen before.
 const signalSQL = `
 WITH w AS (
     SELECT w.id, w.status, k.signals FROM compute_workflows w
     LEFT JOIN compute_workflow_kinds k ON k.kind = w.kind
     WHERE w.id = $1 FOR NO KEY UPDATE OF w
 ), s AS (
-    INSERT INTO compute_workflow_signals (workflow_id, name, payload, dedup_key)
-    SELECT w.id, $2, $3::jsonb, $4 FROM w
+    INSERT INTO compute_workflow_signals (workflow_id, name, payload, dedup_key, cause)
+    SELECT w.id, $2, $3::jsonb, $4, $5::text FROM w
     WHERE $2 = ANY(w.signals) AND w.status NOT IN ('cancelling', 'completed', 'failed', 'cancelled')
     ON CONFLICT (workflow_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING id
@@ -308,7 +311,7 @@ func SignalTx(ctx context.Context, tx pgx.Tx, id, name string, payload any, opts
 		dedup = opts.DedupKey
 	}
 	b := &pgx.Batch{}
-	b.Queue(signalSQL, id, name, string(enc), dedup)
+	b.Queue(signalSQL, id, name, string(enc), dedup, tracing.CauseOrNil(ctx))
 	// A second statement, so that it sees the job a step committed while this
 	// transaction waited for the instance's lock.
 	b.Queue(jobs.WakeWorkflowJobSQL, id, name, time.Now())

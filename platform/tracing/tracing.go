@@ -123,3 +123,7 @@ func Start(ctx context.Context, tp trace.TracerProvider, name string, causes []s
 	ctx, causeOpts := CausedBy(ctx, causes)
 	return tp.Tracer(TracerName).Start(ctx, name, append(causeOpts, opts...)...)
 }
+
+// EventCount is the number of events a span's work handled (an outbox
+// delivery's batch).
+const EventCount = attribute.Key("bettercompute.events")

@@ -10,10 +10,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/tracing"
 	"github.com/bettercompute/bettercompute/workers"
 )
 
@@ -59,10 +62,11 @@ func (w *worker) Work(ctx context.Context, job *river.Job[jobs.Backfill]) error 
 			return w.batchTx(ctx, tx, job, last, deadline, &out)
 		}
 		var err error
+		bctx, span := batchSpan(ctx, args.Name)
 		if last {
-			err = workers.InTx(ctx, job, fn)
+			err = workers.InTx(bctx, job, fn)
 		} else {
-			err = w.inFencedTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
+			err = w.inFencedTx(bctx, job, func(ctx context.Context, tx pgx.Tx) error {
 				if err := fn(ctx, tx); err != nil {
 					return err
 				}
@@ -78,9 +82,11 @@ func (w *worker) Work(ctx context.Context, job *river.Job[jobs.Backfill]) error 
 				// says whether the batch committed, so running it through InTx
 				// again is safe.
 				forceLast = true
+				workers.EndSpanOutcome(span, err, tracing.OutcomeRetried)
 				continue
 			}
 		}
+		workers.EndSpanOutcome(span, err, workers.Outcome(bctx, err))
 		if err != nil {
 			fenced := fault.Has(err, fault.Fenced) || fault.Has(context.Cause(ctx), fault.Fenced)
 			if !fenced && errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -117,6 +123,24 @@ func (w *worker) Work(ctx context.Context, job *river.Job[jobs.Backfill]) error 
 			}
 		}
 	}
+}
+
+// BatchSpan is the name of a backfill batch's span.
+const BatchSpan = "bettercompute.backfill.batch"
+
+// batchSpan starts the span of one batch transaction of backfill name. An
+// operator started the backfill: the span has no cause, and is a child of
+// River's span of the job when there is one.
+func batchSpan(ctx context.Context, name string) (context.Context, trace.Span) {
+	rt := workers.RuntimeFrom(ctx)
+	if rt == nil {
+		return ctx, noop.Span{}
+	}
+	ctx, span := tracing.Start(ctx, rt.TracerProvider(), BatchSpan, nil)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.Backfill.String(name))
+	}
+	return ctx, span
 }
 
 // timeout is the job's timeout: Timeout, or the runtime's job timeout.

@@ -45,6 +45,13 @@
 //     outside systems, are back to at least once. The transaction holds every
 //     reader of the log at its txid while it is open: keep the handler short.
 //
+// Each delivered batch is a span, bettercompute.outbox.deliver (the sink, the
+// number of events, the outcome), caused by the spans that appended its events
+// (domain/outbox: Event.Cause): its parent is the first one, so the delivery is
+// in the trace of the request or reconcile that appended it, and each cause is
+// a link (at most tracing.MaxCauses), as is River's span of the delivery job
+// when there is one.
+//
 // # Table dispatchers
 //
 // NewDispatcher defines a dispatcher over an application-owned outbox table
@@ -56,7 +63,9 @@
 // domain/outbox's claim (per key in order, different keys in parallel, retries
 // without end after 2, 4 … 256 s, one claim at a time across replicas) plus: a
 // batch that outlives its claim timeout starts no further publish, and each
-// publish's context ends at the claim's deadline.
+// publish's context ends at the claim's deadline. A dispatcher's rows are the
+// application's own table, which records no trace context: a pass is not a span
+// caused by the request that wrote its rows.
 //
 // # Retention
 //

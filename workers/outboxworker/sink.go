@@ -10,12 +10,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/bettercompute/bettercompute/domain/lease"
 	dom "github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/tracing"
 	"github.com/bettercompute/bettercompute/workers"
 )
 
@@ -262,7 +265,7 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[jobs.OutboxDeli
 		return err
 	}
 	ctx, stop := keepLease(ctx, rt, l)
-	d := &delivery{st: w.st, s: s, job: job, db: db, l: l,
+	d := &delivery{st: w.st, s: s, job: job, db: db, l: l, tp: rt.TracerProvider(),
 		log: rt.Log().With().Str("component", "outbox").Str("sink", name).Logger()}
 	defer func() {
 		stop()
@@ -282,6 +285,7 @@ type delivery struct {
 	job      *river.Job[jobs.OutboxDeliver]
 	db       *pg.Pool
 	l        lease.Lease
+	tp       trace.TracerProvider
 	log      zerolog.Logger
 	released bool // the last advance released the lease
 }
@@ -305,17 +309,10 @@ func (d *delivery) run(ctx context.Context) error {
 		if scanned == 0 {
 			return nil // caught up: the next poll starts a new delivery
 		}
-		if d.s.Handle != nil {
-			if err := d.handle(ctx, from, events); err != nil {
-				return err
-			}
-		}
-		more := scanned == d.s.BatchSize
-		if !more || !time.Now().Before(budget) {
-			return d.finish(ctx, from, next, events, more)
-		}
-		moved, err := d.advance(ctx, from, next, events)
-		if err != nil || !moved {
+		bctx, span := d.span(ctx, events)
+		last, moved, err := d.deliver(bctx, from, next, events, scanned, budget)
+		workers.EndSpanOutcome(span, err, workers.Outcome(bctx, err))
+		if err != nil || last || !moved {
 			return err
 		}
 		// A pause during the batch let it complete (the advance above) and
@@ -327,6 +324,56 @@ func (d *delivery) run(ctx context.Context) error {
 			return nil // resume starts a new delivery
 		}
 	}
+}
+
+// deliver delivers one batch read from from: the handler, then the cursor's
+// advance (finish, the job's last, when last).
+func (d *delivery) deliver(ctx context.Context, from dom.SinkPosition, next dom.Cursor, events []Event, scanned int,
+	budget time.Time) (last, moved bool, err error) {
+	if d.s.Handle != nil {
+		if err := d.handle(ctx, from, events); err != nil {
+			return true, false, err
+		}
+	}
+	more := scanned == d.s.BatchSize
+	if !more || !time.Now().Before(budget) {
+		return true, false, d.finish(ctx, from, next, events, more)
+	}
+	moved, err = d.advance(ctx, from, next, events)
+	return false, moved, err
+}
+
+// DeliverSpan is the name of the span of a sink's delivery of one batch.
+const DeliverSpan = "bettercompute.outbox.deliver"
+
+// span starts the span of the delivery of events: caused by the spans that
+// appended them (Event.Cause), its parent the first cause. A batch of events
+// comes from many requests, so the span belongs to the first one's trace rather
+// than to the delivery job's (River's span, when there is one, is a link). A
+// batch with no event of the sink's topics has no span.
+func (d *delivery) span(ctx context.Context, events []Event) (context.Context, trace.Span) {
+	if len(events) == 0 {
+		return ctx, noop.Span{}
+	}
+	var causes []string
+	for _, e := range events {
+		if e.Cause != "" {
+			causes = append(causes, e.Cause)
+			if len(causes) == tracing.MaxCauses {
+				break
+			}
+		}
+	}
+	var opts []trace.SpanStartOption
+	if job := trace.SpanContextFromContext(ctx); job.IsValid() && len(tracing.Links(causes)) > 0 {
+		ctx = trace.ContextWithSpanContext(ctx, trace.SpanContext{})
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: job}))
+	}
+	ctx, span := tracing.Start(ctx, d.tp, DeliverSpan, causes, opts...)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.Sink.String(d.s.Name), tracing.EventCount.Int(len(events)))
+	}
+	return ctx, span
 }
 
 // fenced is err, FENCED when the lease was lost meanwhile.

@@ -1,19 +1,23 @@
 package workflowworker
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/domain/workflow"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/tracing"
 	"github.com/bettercompute/bettercompute/workers"
 )
 
@@ -49,9 +53,13 @@ type exec struct {
 	start time.Time
 	// lockedAt is when the instance's row was locked (this process's clock).
 	lockedAt time.Time
+	span     trace.Span // bettercompute.workflow.step
 }
 
-func (w *stepWorker) Work(ctx context.Context, job *river.Job[jobs.WorkflowStep]) error {
+// StepSpan is the name of a workflow step's span.
+const StepSpan = "bettercompute.workflow.step"
+
+func (w *stepWorker) Work(ctx context.Context, job *river.Job[jobs.WorkflowStep]) (err error) {
 	rt := workers.RuntimeFrom(ctx)
 	if rt == nil {
 		return fault.New(fault.Internal, "workflow step job %d: no Runtime in its context", job.ID)
@@ -60,7 +68,19 @@ func (w *stepWorker) Work(ctx context.Context, job *river.Job[jobs.WorkflowStep]
 	if !ok {
 		return fault.New(fault.Fenced, "job %d: this process holds no lease for queue %s", job.ID, job.Queue)
 	}
-	e := &exec{w: w, rt: rt, job: job, l: l, start: time.Now()}
+	// The step's span, caused by what inserted its job (the start's request,
+	// or the previous step: its span is the next job's cause, since that job is
+	// inserted in this context).
+	ctx, span := tracing.Start(ctx, rt.TracerProvider(), StepSpan, jobCause(job.Metadata))
+	defer func() { workers.EndSpanOutcome(span, err, workers.Outcome(ctx, err)) }()
+	if span.IsRecording() {
+		span.SetAttributes(tracing.WorkflowID.String(job.Args.WorkflowID), tracing.WorkflowKind.String(job.Args.Workflow),
+			tracing.WorkflowStep.String(job.Args.Step), tracing.LeaseEpoch.Int64(l.Epoch))
+		if shard, ok := workers.ShardOfQueue(job.Queue); ok {
+			span.SetAttributes(tracing.Shard.Int(shard))
+		}
+	}
+	e := &exec{w: w, rt: rt, job: job, l: l, start: time.Now(), span: span}
 	a := job.Args
 	if d, m := w.p.def(a.Workflow); d != nil {
 		if step, ok := m.Step(a.Step); ok && !step.External {
@@ -95,6 +115,7 @@ func (w *stepWorker) Work(ctx context.Context, job *river.Job[jobs.WorkflowStep]
 	if err != nil {
 		return err
 	}
+	e.linkSignal(ev)
 	if ev.Rearm {
 		return e.rearm(ctx)
 	}
@@ -106,6 +127,33 @@ func (w *stepWorker) Work(ctx context.Context, job *river.Job[jobs.WorkflowStep]
 		return e.external(ctx, inst, ev, step)
 	}
 	return e.transactional(ctx, step)
+}
+
+// jobCause is the cause in a job's metadata (jobs.TraceparentKey), nil
+// without one; the metadata is decoded only when it names the key.
+func jobCause(metadata []byte) []string {
+	if !bytes.Contains(metadata, []byte(`"`+jobs.TraceparentKey+`"`)) {
+		return nil
+	}
+	var m map[string]any
+	if json.Unmarshal(metadata, &m) != nil {
+		return nil
+	}
+	if c, ok := m[jobs.TraceparentKey].(string); ok {
+		return []string{c}
+	}
+	return nil
+}
+
+// linkSignal links the step's span to the span that sent the signal ev
+// resumes the step with.
+func (e *exec) linkSignal(ev workflow.Event) {
+	if ev.Signal == nil || !e.span.IsRecording() {
+		return
+	}
+	if sc := tracing.SpanContext(ev.Signal.Cause()); sc.IsValid() {
+		e.span.AddLink(trace.Link{SpanContext: sc})
+	}
 }
 
 // invocation is the untyped call of ev's step on inst.
@@ -145,6 +193,7 @@ func (e *exec) transactional(ctx context.Context, step workflow.StepMeta) error 
 		if err != nil {
 			return err
 		}
+		e.linkSignal(ev)
 		if ev.Rearm {
 			outcome = "rearm"
 			_, err := workflow.AdvanceTx(ctx, tx, inst, workflow.RearmTransition(inst, e.job.Queue, step.Retry.Attempts))
