@@ -3,8 +3,6 @@ package workers
 import (
 	"context"
 	"errors"
-	"strconv"
-	"strings"
 
 	"github.com/riverqueue/river/rivertype"
 	"go.opentelemetry.io/otel/attribute"
@@ -12,7 +10,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/bettercompute/bettercompute/domain/lease"
-	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/tracing"
 )
@@ -67,13 +64,7 @@ func reconcileSpan(ctx context.Context, tp trace.TracerProvider, l lease.Lease, 
 
 // ShardOfQueue is the shard of shard queue q (jobs.ShardQueue), false for
 // another queue.
-func ShardOfQueue(q string) (int, bool) {
-	if !strings.HasPrefix(q, jobs.ShardQueuePrefix) {
-		return 0, false
-	}
-	n, err := strconv.Atoi(q[len(jobs.ShardQueuePrefix):])
-	return n, err == nil
-}
+func ShardOfQueue(q string) (int, bool) { return shardOfQueue(q) }
 
 // Outcome is the tracing outcome of work that ended with err: completed,
 // FENCED, cancelled (its context was cancelled: a stop, a lost lease) or
