@@ -51,7 +51,7 @@ func reconcileSpan(ctx context.Context, tp trace.TracerProvider, l lease.Lease, 
 		attrs = append(attrs, tracing.Key.String(only))
 	case len(claimed) == 1:
 		attrs = append(attrs, tracing.Key.String(claimed[0].key))
-	default:
+	case len(claimed) > 1:
 		keys := make([]string, 0, min(len(claimed), tracing.MaxCauses))
 		for _, c := range claimed[:min(len(claimed), tracing.MaxCauses)] {
 			keys = append(keys, c.key)

@@ -196,9 +196,18 @@ type batchRun struct {
 // the rows still at the gen read, returns the others to waiting and, if
 // complete, completes the job. A reconcile's error is a *keyError.
 func (b *batchRun) tx(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, only string, complete bool) error {
-	err := fencedTx(ctx, rt, l, row, func(ctx context.Context, tx pgx.Tx) error {
+	err := inTxRetrying(ctx, rt, row, l, func(ctx context.Context, tx pgx.Tx) error {
 		return b.run(ctx, rt, tx, l, row, rec, only, complete)
 	})
+	if fault.Has(err, fault.Fenced) {
+		// The event goes on the reconcile's span: on the claimed path there is
+		// no other (a paused holder's batch, refused when it wakes, shows here).
+		ectx := ctx
+		if b.span != nil {
+			ectx = trace.ContextWithSpan(ctx, b.span)
+		}
+		rt.fenced(ectx, row.Queue, l.Epoch, err)
+	}
 	if b.span != nil {
 		EndSpanOutcome(b.span, err, Outcome(ctx, err))
 		b.span = nil
@@ -237,6 +246,9 @@ func (b *batchRun) run(ctx context.Context, rt *Runtime, tx pgx.Tx, l lease.Leas
 		errRows = err
 	}
 	if err := fenceResult(fenced, errFence, l, row); err != nil {
+		// A refused run is a reconcile span too (outcome FENCED, the event), its
+		// keys unread.
+		_, b.span = reconcileSpan(ctx, rt.TracerProvider(), l, row, kind, only, nil)
 		return err
 	}
 	if errRows != nil {

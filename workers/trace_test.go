@@ -459,3 +459,61 @@ func keysHold(s sdktrace.ReadOnlySpan, key string) bool {
 	}
 	return false
 }
+
+// TestRefusedReconcileIsAFencedSpan: a reconcile the shard's holder claimed
+// itself (no River span around it) whose transaction is refused as stale (one
+// of its keys stopped pointing at its job during the run, as when an operator
+// cancels it) is a reconcile span with outcome FENCED and a bettercompute.fenced
+// event, still caused by its request; the key's next reconcile completes.
+func TestRefusedReconcileIsAFencedSpan(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	entered, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	reg := workers.NewRegistry()
+	require.NoError(t, workers.AddReconciler(reg, workers.Reconciler{Kind: "thing",
+		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) (workers.Result, error) {
+			if first.CompareAndSwap(false, true) {
+				close(entered)
+				<-release
+			}
+			return workers.Result{}, nil
+		}}))
+	workertest.Start(t, db.Pool, reg, &workers.Options{TracerProvider: tp})
+
+	rctx, request := tp.Tracer("the application").Start(ctx, "request")
+	require.NoError(t, pg.InTx(rctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		return jobs.DirtyTx(ctx, tx, "thing", "k", nil)
+	}))
+	request.End()
+	<-entered
+	// The key stops being the run's own (its rows are not locked by the run).
+	db.MustExec(t, `UPDATE compute_dirty SET job_id = NULL WHERE key = 'k'`)
+	close(release)
+
+	var refused sdktrace.ReadOnlySpan
+	workertest.WaitFor(t, 30*time.Second, "the refused reconcile's span", func() bool {
+		for _, s := range rec.Ended() {
+			if s.Name() == workers.ReconcileSpan && hasAttr(tracing.Outcome, tracing.OutcomeFenced)(s) {
+				refused = s
+				return true
+			}
+		}
+		return false
+	})
+	var events int
+	for _, e := range refused.Events() {
+		if e.Name == tracing.EventFenced {
+			events++
+		}
+	}
+	require.Equal(t, 1, events, "one fenced event on the refused reconcile: %v", refused.Events())
+	require.Equal(t, request.SpanContext().TraceID(), refused.SpanContext().TraceID(), "still in the request's trace")
+	require.Contains(t, links(refused), request.SpanContext().SpanID())
+	workertest.WaitFor(t, 30*time.Second, "the key reconciled again", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM compute_dirty`) == 0
+	})
+}
