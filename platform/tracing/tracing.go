@@ -100,18 +100,28 @@ func Links(causes []string) []trace.Link {
 	return out
 }
 
-// CausedBy are the start options of the span of work caused by causes: its
-// parent is the first valid cause (unless ctx already has a span, which stays
-// the parent) and every cause is a link. No causes: no options.
+// CausedBy are the start options of the span of work caused by causes, and
+// the context to start it in: the work joins its first valid cause's trace and
+// links to every cause. Its parent is the span in ctx when that span is in the
+// first cause's trace already (River's span of a job whose metadata carried
+// the cause: the work nests under it); otherwise the first cause, and the span
+// in ctx, if any (River's span of a job that carried no cause: a handed-back
+// reconcile batch, a sink's delivery job), is linked instead. No valid cause:
+// ctx unchanged, no options.
 func CausedBy(ctx context.Context, causes []string) (context.Context, []trace.SpanStartOption) {
 	links := Links(causes)
 	if len(links) == 0 {
 		return ctx, nil
 	}
-	if !trace.SpanContextFromContext(ctx).IsValid() {
-		ctx = trace.ContextWithRemoteSpanContext(ctx, links[0].SpanContext)
+	n := len(links)
+	first := links[0].SpanContext
+	if cur := trace.SpanContextFromContext(ctx); cur.TraceID() != first.TraceID() {
+		if cur.IsValid() {
+			links = append(links, trace.Link{SpanContext: cur})
+		}
+		ctx = trace.ContextWithRemoteSpanContext(ctx, first)
 	}
-	return ctx, []trace.SpanStartOption{trace.WithLinks(links...), trace.WithAttributes(CauseCount.Int(len(links)))}
+	return ctx, []trace.SpanStartOption{trace.WithLinks(links...), trace.WithAttributes(CauseCount.Int(n))}
 }
 
 // Start starts a span of ours named name with tp's tracer, caused by causes

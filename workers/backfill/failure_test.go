@@ -353,6 +353,12 @@ func TestLeaseLostMidBatchIsFenced(t *testing.T) {
 		t.Fatal("the third batch never started")
 	}
 	require.EqualValues(t, 2, mustGet(t, db, b.Name).Batches)
+	// B judges A paused once A has been silent for three of B's heartbeats
+	// (300 ms); on a fast machine the third batch starts sooner than that.
+	workertest.WaitFor(t, 30*time.Second, "worker A silent for 3 of B's heartbeats", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM compute_workers WHERE identity = 'fence-test'
+			AND seen_at < compute_now() - interval '500 milliseconds'`) == 1
+	})
 
 	startWorker(t, db, registry(t, b), &workers.Options{Identity: "fence-test", Heartbeat: 100 * time.Millisecond})
 	var cause error

@@ -364,12 +364,9 @@ func (d *delivery) span(ctx context.Context, events []Event) (context.Context, t
 			}
 		}
 	}
-	var opts []trace.SpanStartOption
-	if job := trace.SpanContextFromContext(ctx); job.IsValid() && len(tracing.Links(causes)) > 0 {
-		ctx = trace.ContextWithSpanContext(ctx, trace.SpanContext{})
-		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: job}))
-	}
-	ctx, span := tracing.Start(ctx, d.tp, DeliverSpan, causes, opts...)
+	// In the first event's trace, linked to River's span of the delivery job
+	// (tracing.CausedBy).
+	ctx, span := tracing.Start(ctx, d.tp, DeliverSpan, causes)
 	if span.IsRecording() {
 		span.SetAttributes(tracing.Sink.String(d.s.Name), tracing.EventCount.Int(len(events)))
 	}

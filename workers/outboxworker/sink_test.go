@@ -399,12 +399,17 @@ func TestPausingASinkLetsTheBatchInFlightComplete(t *testing.T) {
 
 	// Room for a wrong delivery: an event appended now reaches the canary only
 	// through polls and a delivery job that run after the pause.
-	appendEvents(t, db.Pool, "canary", 1)
+	canaryID := appendEvents(t, db.Pool, "canary", 1)[0]
 	workertest.WaitFor(t, 30*time.Second, "the canary delivered after the pause", func() bool { return len(canary.ids()) == 1 })
 	require.Equal(t, ids[:2], p.ids(), "nothing delivered after the batch in flight while paused")
 	require.Equal(t, ids[1], sinkCursor(t, db.Pool, "p"))
 
 	require.NoError(t, dom.ResumeSink(ctx, db.Pool, "p"))
-	workertest.WaitFor(t, 30*time.Second, "resumed: the rest delivered", func() bool { return sinkCursor(t, db.Pool, "p") == ids[5] })
+	// The cursor ends at p's last event, or past it at the canary's when the
+	// resumed delivery's last read scanned that one too (not p's topic).
+	workertest.WaitFor(t, 30*time.Second, "resumed: the rest delivered", func() bool {
+		c := sinkCursor(t, db.Pool, "p")
+		return c == ids[5] || c == canaryID
+	})
 	require.Equal(t, ids, p.ids()[:len(ids)])
 }
