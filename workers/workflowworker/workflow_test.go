@@ -916,22 +916,34 @@ func TestAwaitAnyChildResumesAtTheFirstAndCountsInMetrics(t *testing.T) {
 		require.Equal(t, workflow.Sleeping, i.Status)
 	}
 
-	families, err := prom.Gather()
-	require.NoError(t, err)
-	got := map[string]float64{}
-	for _, f := range families {
-		for _, m := range f.GetMetric() {
-			labels := ""
-			for _, l := range m.GetLabel() {
-				labels += l.GetName() + "=" + l.GetValue() + ","
+	gather := func() map[string]float64 {
+		families, err := prom.Gather()
+		require.NoError(t, err)
+		got := map[string]float64{}
+		for _, f := range families {
+			for _, m := range f.GetMetric() {
+				labels := ""
+				for _, l := range m.GetLabel() {
+					labels += l.GetName() + "=" + l.GetValue() + ","
+				}
+				v := m.GetCounter().GetValue()
+				if m.GetHistogram() != nil {
+					v = float64(m.GetHistogram().GetSampleCount())
+				}
+				got[f.GetName()+"{"+labels+"}"] = v
 			}
-			v := m.GetCounter().GetValue()
-			if m.GetHistogram() != nil {
-				v = float64(m.GetHistogram().GetSampleCount())
-			}
-			got[f.GetName()+"{"+labels+"}"] = v
 		}
+		return got
 	}
+	// A step is counted once its transaction has committed, which Wait can see
+	// first.
+	var got map[string]float64
+	workertest.WaitFor(t, 30*time.Second, "the finished workflows' last steps counted", func() bool {
+		got = gather()
+		return got["bettercompute_workflows_finished_total{status=completed,workflow=first_wins,}"] >= 1 &&
+			got["bettercompute_workflows_finished_total{status=completed,workflow=racer,}"] >= 1 &&
+			got["bettercompute_workflow_step_duration_seconds{step=first,workflow=first_wins,}"] >= 1
+	})
 	require.Equal(t, 4.0, got["bettercompute_workflows_started_total{workflow=first_wins,}"]+got["bettercompute_workflows_started_total{workflow=racer,}"])
 	require.Equal(t, 1.0, got["bettercompute_workflows_finished_total{status=completed,workflow=first_wins,}"])
 	require.Equal(t, 1.0, got["bettercompute_workflows_finished_total{status=completed,workflow=racer,}"])
