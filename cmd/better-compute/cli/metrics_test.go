@@ -54,7 +54,9 @@ func (w *mxTaskWorker) Work(ctx context.Context, job *river.Job[mxTask]) error {
 			return err
 		}
 	}
-	return workers.InTx(ctx, job, func(context.Context, pgx.Tx) error { return nil })
+	// Not cancelled when the keeper notices the loss first (that attempt would end
+	// FENCED without reaching its fence): the fenced transaction itself is refused.
+	return workers.InTx(context.WithoutCancel(ctx), job, func(context.Context, pgx.Tx) error { return nil })
 }
 
 type mxRow struct {
