@@ -1,10 +1,8 @@
 package cli_test
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -35,24 +33,6 @@ func (*tracedWorker) Work(ctx context.Context, job *river.Job[tracedArgs]) error
 	return workers.InTx(ctx, job, func(context.Context, pgx.Tx) error { return nil })
 }
 
-// lockedBuffer is a bytes.Buffer the command writes while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // lineWith is the first line of s holding every one of parts, or "".
 func lineWith(s string, parts ...string) string {
 	for _, line := range strings.Split(s, "\n") {
@@ -80,7 +60,7 @@ func TestDevTracePrintsSpans(t *testing.T) {
 	}}}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr lockedBuffer
+	var stdout, stderr clitest.Buffer
 	done := make(chan int, 1)
 	go func() {
 		done <- cli.Run(ctx, app, []string{"dev", "--trace"}, cli.Env{Stdout: &stdout, Stderr: &stderr, Environ: env})

@@ -1,7 +1,6 @@
 package demo
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -10,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
 	"github.com/bettercompute/bettercompute/domain/workflow"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
@@ -74,25 +73,6 @@ func browserApp() cli.App {
 	return cli.App{Modules: append(Modules(), browserTestModule())}
 }
 
-// syncBuffer is an output stream a running command writes while the test
-// reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 var riverUIURL = regexp.MustCompile(`River UI: (http://\S+/)`)
 
 // runCommand runs `better-compute <command>` of browserApp in-process on db
@@ -101,7 +81,7 @@ func runCommand(t *testing.T, db *pgtest.DB, command string, env ...string) stri
 	t.Helper()
 	environ := append([]string{"BETTER_COMPUTE_DATABASE_URL=" + db.URL, "BETTER_COMPUTE_LOG_LEVEL=warn",
 		"BETTER_COMPUTE_LISTEN=127.0.0.1:0"}, env...)
-	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	stdout, stderr := &clitest.Buffer{}, &clitest.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	code := make(chan int, 1)
 	go func() {

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
@@ -30,4 +31,26 @@ func Run(tb testing.TB, ctx context.Context, app cli.App, env []string, args ...
 	code := cli.Run(ctx, app, args, cli.Env{Stdout: &stdout, Stderr: &stderr, Environ: env})
 	tb.Logf("%s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
 	return Result{code, stdout.String(), stderr.String()}
+}
+
+// Buffer is an output stream a running command writes while the test reads it
+// (a bytes.Buffer behind a mutex): the Stdout or Stderr of a command started
+// with cli.Run in a goroutine, such as dev.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write implements io.Writer.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String is what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
