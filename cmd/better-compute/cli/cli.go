@@ -63,7 +63,8 @@ type Module struct {
 	Register func(r *workers.Registry) error
 	// Dev, optional, plays the application while dev runs: started once the
 	// worker runs, it changes rows and marks them dirty until ctx is done (the
-	// demo application's modules do). Only dev runs it.
+	// demo application's modules do). Only dev runs it. TracerProvider(ctx) is
+	// dev's tracer provider, to trace what it does as the application's requests.
 	Dev func(ctx context.Context, db *pg.Pool, log zerolog.Logger)
 }
 

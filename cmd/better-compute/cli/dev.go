@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"os"
 	"path/filepath"
 	"strings"
@@ -75,9 +77,10 @@ func (o *devOpts) run(ctx context.Context, s *Session, _ []string) error {
 		return err
 	}
 	defer stopServe()
+	devCtx := context.WithValue(ctx, tracerKey{}, rt.TracerProvider())
 	for _, m := range s.App.Modules {
 		if m.Dev != nil {
-			go m.Dev(ctx, rt.Pool(), s.Log.With().Str("module", m.Name).Logger())
+			go m.Dev(devCtx, rt.Pool(), s.Log.With().Str("module", m.Name).Logger())
 		}
 	}
 	url := db.Config().ConnString()
@@ -141,4 +144,18 @@ func writeURLFile(path, url string) (remove func(), err error) {
 			_ = os.Remove(path)
 		}
 	}, nil
+}
+
+type tracerKey struct{}
+
+// TracerProvider is the tracer provider of the dev process whose Module.Dev
+// hook ctx is (a no-op one when tracing is off, and for any other context): a
+// Dev hook plays the application, so it starts its "requests" as spans of it,
+// and dev --trace shows each one's trace through the reconcile, the workflow
+// steps and the outbox delivery it caused.
+func TracerProvider(ctx context.Context) trace.TracerProvider {
+	if tp, ok := ctx.Value(tracerKey{}).(trace.TracerProvider); ok && tp != nil {
+		return tp
+	}
+	return noop.NewTracerProvider()
 }

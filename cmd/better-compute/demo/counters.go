@@ -58,12 +58,16 @@ func runDemo(ctx context.Context, log zerolog.Logger, db *pg.Pool, every time.Du
 		case <-t.C:
 		}
 		id := fmt.Sprintf("counter-%03d", 1+rand.IntN(50))
-		err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
+		// The application's request: with dev --trace, its trace goes on to the
+		// reconcile it causes.
+		rctx, span := cli.TracerProvider(ctx).Tracer("demo").Start(ctx, "demo.change_counter")
+		err := pg.InTx(rctx, db, func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `UPDATE demo_counters SET value = value + 1, updated_at = compute_now() WHERE id = $1`, id); err != nil {
 				return err
 			}
 			return jobs.DirtyTx(ctx, tx, DemoReconciler, id, nil)
 		})
+		span.End()
 		if err != nil && ctx.Err() == nil {
 			log.Warn().Err(err).Msg("demo: change failed")
 		}

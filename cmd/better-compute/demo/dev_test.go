@@ -2,6 +2,8 @@ package demo
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,4 +70,54 @@ func TestDevRunsTheDemoApplication(t *testing.T) {
 	require.NotRegexp(t, `(?m)^FAIL\s+reconcilers\s`, r.Stdout)
 	r = clitest.Run(t, context.Background(), cli.App{}, env, "doctor")
 	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+.*`+DemoReconciler+` \(\d+ keys?\)`, r.Stdout)
+}
+
+// TestDevTraceShowsARequestToItsDelivery: dev --trace prints, on stderr, the
+// demo application's request (an order placed) and the spans it caused in the
+// same trace: the workflow's steps and the outbox delivery of the event a step
+// appended; and a counter's change with the reconcile it caused.
+func TestDevTraceShowsARequestToItsDelivery(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	environ := []string{"BETTER_COMPUTE_DATABASE_URL=" + db.URL, "BETTER_COMPUTE_LOG_LEVEL=warn",
+		"BETTER_COMPUTE_LISTEN=127.0.0.1:0", "BETTER_COMPUTE_POLL_INTERVAL=20ms"}
+	stdout, stderr := &clitest.Buffer{}, &clitest.Buffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	code := make(chan int, 1)
+	go func() {
+		code <- cli.Run(ctx, cli.App{Modules: Modules()}, []string{"dev", "--trace"},
+			cli.Env{Stdout: stdout, Stderr: stderr, Environ: environ})
+	}()
+	defer func() {
+		cancel()
+		select {
+		case c := <-code:
+			require.Equal(t, 0, c, stderr.String())
+		case <-time.After(60 * time.Second):
+			t.Error("dev did not stop within 60 s")
+		}
+	}()
+	// trace id -> the names of the spans printed in it
+	traces := func() map[string][]string {
+		out := map[string][]string{}
+		for _, line := range strings.Split(stderr.String(), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 4 || f[0] != "span" || !strings.HasPrefix(f[3], "trace=") {
+				continue
+			}
+			id := strings.TrimPrefix(f[3], "trace=")
+			out[id] = append(out[id], f[1])
+		}
+		return out
+	}
+	has := func(names []string, name string) bool { return slices.Contains(names, name) }
+	workertest.WaitFor(t, 90*time.Second, "an order's trace from the request to its delivery, and a counter's to its reconcile", func() bool {
+		var order, counter bool
+		for _, names := range traces() {
+			order = order || has(names, "demo.place_order") && has(names, "bettercompute.workflow.step") &&
+				has(names, "bettercompute.outbox.deliver")
+			counter = counter || has(names, "demo.change_counter") && has(names, "bettercompute.reconcile")
+		}
+		return order && counter
+	})
 }

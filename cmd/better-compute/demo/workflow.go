@@ -330,6 +330,10 @@ func placeDemoOrder(ctx context.Context, log zerolog.Logger, db *pg.Pool, cfg wo
 		devices = 2
 	}
 	var id int64
+	// The application's request (traced with dev --trace: its trace goes on
+	// through the workflow's steps to the delivery of the event they append).
+	ctx, span := cli.TracerProvider(ctx).Tracer("demo").Start(ctx, "demo.place_order")
+	defer span.End()
 	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		now, err := clock.Now(ctx, tx)
 		if err != nil {
@@ -365,6 +369,8 @@ func placeDemoOrder(ctx context.Context, log zerolog.Logger, db *pg.Pool, cfg wo
 // run pays or cancels the order, in a transaction of its own.
 func (a orderAction) run(ctx context.Context, log zerolog.Logger, db *pg.Pool) error {
 	amount := 10 + rand.IntN(90)
+	ctx, span := cli.TracerProvider(ctx).Tracer("demo").Start(ctx, "demo.pay_or_cancel_order")
+	defer span.End()
 	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		if a.cancel {
 			return CancelOrderTx(ctx, tx, a.order)
