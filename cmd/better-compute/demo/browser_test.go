@@ -254,7 +254,7 @@ func TestBrowser(t *testing.T) {
 		b.Go(dev + "jobs?state=completed&kind=" + jobs.WorkflowStepKind)
 		b.WaitJS("a completed workflow_step job listed", `(`+jobLinksJS+`).length > 0`)
 		id := jobLinks(t, b)[0][0]
-		b.Do("open job "+id+" from the list", chromedp.Click(chromedp.CSS(`a[href="/jobs/`+id+`"]`)))
+		b.Click("open job "+id+" from the list", `a[href="/jobs/`+id+`"]`)
 		b.WaitText("job "+id+"'s page", idLine(id), jobs.WorkflowStepKind, "Completed", "Attempts")
 		if loc := b.Location(); !strings.HasSuffix(loc, "/jobs/"+id) {
 			t.Errorf("the job's page is at %s", loc)
@@ -267,7 +267,7 @@ func TestBrowser(t *testing.T) {
 		id := strconv.FormatInt(failing, 10)
 		b.Go(dev + "jobs?state=discarded&kind=" + browserFailArgs{}.Kind())
 		b.WaitJS("the discarded job listed", `(`+jobLinksJS+`).some(([id]) => id === `+strconv.Quote(id)+`)`)
-		b.Do("open the failed job", chromedp.Click(chromedp.CSS(`a[href="/jobs/`+id+`"]`)))
+		b.Click("open the failed job", `a[href="/jobs/`+id+`"]`)
 		b.WaitText("the failed job's page with its error", idLine(id), "Discarded", "Failed", "Attempt 1", browserFailMessage)
 		if loc := b.Location(); !strings.HasSuffix(loc, "/jobs/"+id) {
 			t.Errorf("the job's page is at %s", loc)
@@ -326,7 +326,7 @@ func TestBrowser(t *testing.T) {
 		// One workflow: its timeline has a row per committed step, each linked
 		// to that step's River job.
 		id := rows[len(rows)-1][0]
-		b.Do("open workflow "+id, chromedp.Click(chromedp.CSS(`td a[href="/workflows/`+id+`"]`)))
+		b.Click("open workflow "+id, `td a[href="/workflows/`+id+`"]`)
 		b.WaitText("workflow "+id+"'s page", id, "Timeline")
 		history, err := workflow.History(context.Background(), db.Pool, id)
 		if err != nil {
@@ -359,7 +359,7 @@ func TestBrowser(t *testing.T) {
 			jobID := strconv.FormatInt(*h.JobID, 10)
 			b.Go(dev + "workflows/" + id)
 			b.WaitText("workflow "+id+"'s page", "Timeline")
-			b.Do("follow step "+h.Step+"'s link", chromedp.Click(chromedp.CSS(`h2 + table a[href="/jobs/`+jobID+`"]`)))
+			b.Click("follow step "+h.Step+"'s link", `h2 + table a[href="/jobs/`+jobID+`"]`)
 			b.WaitText("River UI's page of step "+h.Step+"'s job", idLine(jobID), jobs.WorkflowStepKind, `"`+id+`"`)
 			if loc := b.Location(); loc != dev+"jobs/"+jobID {
 				t.Errorf("step %s's link led to %s", h.Step, loc)

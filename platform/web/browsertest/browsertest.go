@@ -5,7 +5,7 @@
 //	b := browsertest.New(t, 2*time.Minute)
 //	b.Go(base + "jobs?state=completed&kind=reconcile_batch")
 //	b.WaitText("a completed reconcile_batch job", "reconcile_batch")
-//	b.Do("open the job", chromedp.Click(chromedp.CSS(`a[href="/jobs/42"]`)))
+//	b.Click("open the job", `a[href="/jobs/42"]`)
 //
 // The browser is found at BETTER_COMPUTE_CHROMIUM, or as chromium,
 // chromium-browser, google-chrome or google-chrome-stable on PATH. When there is
@@ -191,6 +191,28 @@ func (b *Browser) Do(what string, actions ...chromedp.Action[chromedp.Void]) {
 	defer cancel()
 	if err := chromedp.Do(ctx, actions...); err != nil {
 		b.tb.Fatalf("browser: %s: %v\npage text: %s", what, err, b.textOrErr())
+	}
+}
+
+// Click waits until an element matches the CSS selector, then clicks that
+// element, as a user's click on it does (the page's handlers, a link's
+// navigation). It clicks the element itself, not the point where it was found:
+// a page that updates live (River UI's job lists put new jobs on top) can move
+// its rows between the lookup and a mouse event at those coordinates, which
+// would then land on another row. Use chromedp.Click through Do where the
+// point itself matters.
+func (b *Browser) Click(what, selector string) {
+	b.tb.Helper()
+	el := "document.querySelector(" + jsString(selector) + ")"
+	b.WaitJS(what+": "+selector+" on the page", el)
+	ctx, cancel := context.WithTimeout(b.ctx, WaitTimeout)
+	defer cancel()
+	clicked, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const e = `+el+`; if (!e) return false; e.click(); return true })()`))
+	if err == nil && !clicked {
+		err = errors.New("the element went away before the click")
+	}
+	if err != nil {
+		b.tb.Fatalf("browser: %s: click %s: %v\npage text: %s", what, selector, err, b.textOrErr())
 	}
 }
 

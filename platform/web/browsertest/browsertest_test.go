@@ -44,6 +44,13 @@ func pages(t *testing.T) *httptest.Server {
 				history.pushState({}, "", "/two/app");
 				document.body.append("page two, rendered");
 			</script></body>`)
+		case "/covered":
+			// The link is under a transparent layer that takes clicks at its
+			// point, as a row that moved under the pointer does.
+			_, _ = io.WriteString(w, `<!doctype html><title>covered</title><div style="position: relative">
+				<a id="target" href="/one">open page one</a>
+				<div style="position: absolute; inset: 0" onclick="location = '/wrong'"></div>
+			</div>`)
 		default:
 			http.NotFound(w, r)
 		}
@@ -97,6 +104,21 @@ func TestFailedTestLeavesScreenshots(t *testing.T) {
 		if png := read(name); !bytes.HasPrefix([]byte(png), []byte("\x89PNG\r\n\x1a\n")) {
 			t.Errorf("%s is not a PNG (%d bytes)", name, len(png))
 		}
+	}
+}
+
+// TestClickClicksTheElementNotItsPoint: Click follows the link it names even
+// where a click at the link's point would land on something else (here a
+// layer over it; in River UI, a row that a live update moved there).
+func TestClickClicksTheElementNotItsPoint(t *testing.T) {
+	t.Setenv(EnvOutput, t.TempDir())
+	ts := pages(t)
+	b := New(t, time.Minute)
+	b.Go(ts.URL + "/covered")
+	b.Click("open page one", "#target")
+	b.WaitText("page one", "page one")
+	if loc := b.Location(); loc != ts.URL+"/one" {
+		t.Fatalf("the click opened %s, not %s/one", loc, ts.URL)
 	}
 }
 
