@@ -44,6 +44,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/platform/prereq"
 )
 
 // Scheme is the URL prefix that selects the embedded cluster.
@@ -399,48 +400,10 @@ func (c *Cluster) createDatabase(ctx context.Context, port int) error {
 }
 
 // FindBin returns the directory that holds initdb and postgres: hint if given,
-// else the directory of initdb on PATH, else the newest /usr/lib/postgresql/*/bin.
-// It returns INVALID_CONFIG naming what is missing and how to install it.
-func FindBin(hint string) (string, error) {
-	if hint == "" {
-		hint = os.Getenv("BETTER_COMPUTE_PG_BIN")
-	}
-	has := func(dir string) bool {
-		for _, b := range []string{"initdb", "postgres"} {
-			if fi, err := os.Stat(filepath.Join(dir, b)); err != nil || fi.IsDir() {
-				return false
-			}
-		}
-		return true
-	}
-	if hint != "" {
-		if has(hint) {
-			return hint, nil
-		}
-		return "", fault.New(fault.InvalidConfig, "BETTER_COMPUTE_PG_BIN=%s does not hold initdb and postgres: point it at PostgreSQL's bin directory (such as /usr/lib/postgresql/15/bin), or install the server binaries with `apt-get install postgresql` (PostgreSQL 15 or newer) and unset it", hint)
-	}
-	if p, err := exec.LookPath("initdb"); err == nil {
-		if real, err := filepath.EvalSymlinks(p); err == nil && has(filepath.Dir(real)) {
-			return filepath.Dir(real), nil
-		}
-		if has(filepath.Dir(p)) {
-			return filepath.Dir(p), nil
-		}
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool { return pgMajor(dirs[i]) > pgMajor(dirs[j]) })
-	for _, d := range dirs {
-		if has(d) {
-			return d, nil
-		}
-	}
-	return "", fault.New(fault.InvalidConfig, "no PostgreSQL server binaries found (initdb and postgres): looked in BETTER_COMPUTE_PG_BIN, on PATH and under /usr/lib/postgresql/*/bin; install them with `apt-get install postgresql` (PostgreSQL 15 or newer) or set BETTER_COMPUTE_PG_BIN")
-}
-
-func pgMajor(binDir string) int {
-	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
-	return n
-}
+// else BETTER_COMPUTE_PG_BIN, else the directory of initdb on PATH, else the
+// newest /usr/lib/postgresql/*/bin (prereq.PGBin). It returns INVALID_CONFIG
+// naming what is missing and how to install it.
+func FindBin(hint string) (string, error) { return prereq.PGBin(hint) }
 
 // serverUser is nil when this process is not root, else the unprivileged user
 // the server runs as.

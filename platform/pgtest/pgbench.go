@@ -2,12 +2,13 @@ package pgtest
 
 import (
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/bettercompute/bettercompute/platform/prereq"
 )
 
 var pgbenchTPS = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
@@ -16,17 +17,13 @@ var pgbenchTPS = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connectio
 // clients connections for d on a fresh database of the test server (scale 10),
 // and returns its TPS without the initial connection time: the commit-rate
 // peer that benchmarks report their ratios against, measured in the same run.
-// It fails the benchmark when pgbench is missing (postgresql-contrib on Debian 12,
-// postgresql-client on newer releases).
+// It fails the benchmark when pgbench is missing (see prereq.Pgbench; `go
+// tool task deps` installs it).
 func Pgbench(tb testing.TB, clients int, d time.Duration) float64 {
 	tb.Helper()
-	bin, err := exec.LookPath("pgbench")
+	bin, err := prereq.Find(prereq.Pgbench)
 	if err != nil {
-		matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pgbench")
-		if len(matches) == 0 {
-			tb.Fatal("pgtest: pgbench not found on PATH or under /usr/lib/postgresql")
-		}
-		bin = matches[len(matches)-1]
+		tb.Fatal("pgtest: ", err)
 	}
 	db := New(tb, Options{Empty: true})
 	if out, err := exec.Command(bin, "-i", "-q", "-s", "10", db.URL).CombinedOutput(); err != nil {

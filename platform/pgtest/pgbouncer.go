@@ -12,12 +12,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bettercompute/bettercompute/platform/prereq"
 )
 
 // PgBouncer starts a PgBouncer in transaction pooling mode in front of the
 // server of db, and returns db's URL through it. It is stopped at cleanup. The
-// test fails (it does not skip) when pgbouncer is not installed: .ci/run installs
-// it (apt-get install pgbouncer).
+// test fails (it does not skip) when pgbouncer is not installed: `go tool task
+// deps`, which the test task runs first, installs it.
 func PgBouncer(tb testing.TB, db *DB) string {
 	tb.Helper()
 	return StartPgBouncer(tb, db).URL
@@ -52,16 +54,9 @@ func (b *Bouncer) Log() string {
 // that it is still up and read its log.
 func StartPgBouncer(tb testing.TB, db *DB) *Bouncer {
 	tb.Helper()
-	bin, err := exec.LookPath("pgbouncer")
+	bin, err := prereq.Find(prereq.PgBouncer)
 	if err != nil {
-		for _, p := range []string{"/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"} {
-			if _, err := os.Stat(p); err == nil {
-				bin = p
-			}
-		}
-	}
-	if bin == "" {
-		tb.Fatal("pgtest: pgbouncer is not installed (apt-get install pgbouncer); the PgBouncer tests need it")
+		tb.Fatal("pgtest: ", err)
 	}
 	up, err := url.Parse(db.URL)
 	if err != nil {

@@ -9,7 +9,8 @@
 //
 // The browser is found at BETTER_COMPUTE_CHROMIUM, or as chromium,
 // chromium-browser, google-chrome or google-chrome-stable on PATH. When there is
-// none the test fails (CI installs Chromium; locally `apt-get install chromium`):
+// none the test fails (`go tool task deps`, which the test task runs first,
+// installs it):
 // a browser test that skipped would pass without proving anything.
 //
 // Each Browser is one Chromium process for one test (about a second to start),
@@ -29,7 +30,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -42,10 +42,12 @@ import (
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+
+	"github.com/bettercompute/bettercompute/platform/prereq"
 )
 
 // EnvChromium names the browser to use, overriding the search of PATH.
-const EnvChromium = "BETTER_COMPUTE_CHROMIUM"
+const EnvChromium = prereq.EnvChromium
 
 // EnvOutput is the folder under which a failed test's evidence is written
 // (one folder per test); by default <module root>/.better-compute/test-output.
@@ -55,26 +57,9 @@ const EnvOutput = "BETTER_COMPUTE_TEST_OUTPUT"
 // may be loaded.
 const WaitTimeout = 45 * time.Second
 
-// names are the browser commands looked for on PATH, in order.
-var names = []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"}
-
 // Find returns the browser's path: EnvChromium, else the first of chromium,
-// chromium-browser, google-chrome, google-chrome-stable on PATH.
-func Find() (string, error) {
-	if p := os.Getenv(EnvChromium); p != "" {
-		if _, err := exec.LookPath(p); err != nil {
-			return "", fmt.Errorf("%s=%s: %w", EnvChromium, p, err)
-		}
-		return p, nil
-	}
-	for _, n := range names {
-		if p, err := exec.LookPath(n); err == nil {
-			return p, nil
-		}
-	}
-	return "", errors.New("no Chromium found: install it (apt-get install chromium; CI's .ci/run does) or set " +
-		EnvChromium + " to a Chromium or Chrome binary; looked on PATH for " + strings.Join(names, ", "))
-}
+// chromium-browser, google-chrome, google-chrome-stable on PATH (prereq.Chromium).
+func Find() (string, error) { return prereq.Find(prereq.Chromium) }
 
 // Response is one HTTP response the tab received.
 type Response struct {
