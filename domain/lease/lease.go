@@ -151,9 +151,11 @@ WHERE l.name = r.name AND l.owner = r.owner AND l.epoch = r.epoch`, names, owner
 	return pg.Translate(err)
 }
 
-// List returns the leases whose name starts with prefix, by name.
+// List returns the leases whose name starts with prefix, by name. A released
+// lease (expires_at = -infinity, which a time.Time cannot hold) has the Unix
+// epoch as its ExpiresAt, as AcquireMany reports a name nobody held.
 func List(ctx context.Context, db pg.DBTX, prefix string) ([]Lease, error) {
-	rows, err := db.Query(ctx, `SELECT name, owner, epoch, expires_at FROM compute_leases
+	rows, err := db.Query(ctx, `SELECT name, owner, epoch, greatest(expires_at, 'epoch') AS expires_at FROM compute_leases
 		WHERE starts_with(name, $1) ORDER BY name`, prefix)
 	if err != nil {
 		return nil, pg.Translate(err)

@@ -101,6 +101,27 @@ func TestAcquireMany(t *testing.T) {
 	require.True(t, fault.Has(err, fault.InvalidArgument))
 }
 
+// TestListShowsAReleasedLease: a released lease (expires_at = -infinity) is
+// listed, long expired, beside a held one; doctor and the lease metrics read
+// the shard leases this way after a worker's clean stop.
+func TestListShowsAReleasedLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	gone, err := lease.Acquire(ctx, db.Pool, "shard/0", "gone", time.Minute)
+	require.NoError(t, err)
+	_, err = lease.Acquire(ctx, db.Pool, "shard/1", "here", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, lease.Release(ctx, db.Pool, gone))
+
+	all, err := lease.List(ctx, db.Pool, "shard/")
+	require.NoError(t, err)
+	require.Len(t, all, 2)
+	require.Equal(t, "gone", all[0].Owner)
+	require.True(t, all[0].ExpiresAt.Equal(time.Unix(0, 0)), "released: %s", all[0].ExpiresAt)
+	require.True(t, all[1].ExpiresAt.After(time.Now()), "held: %s", all[1].ExpiresAt)
+}
+
 // TestHeldTrustsNoExpiredHolding: a keeper whose renewals stop (a paused
 // process, before its next round runs) reports a holding as not held once it
 // has expired by its own clock, less the safety margin, even though nothing told
