@@ -20,6 +20,10 @@
 // refuses to run as root. A second process pointed at the same DIR reuses the
 // running server; only the process that started it stops it.
 //
+// With Options.Detach the server outlives the process that starts it instead:
+// it runs in a session of its own (no terminal's Ctrl-C or hang-up reaches it),
+// no process owns it, and it runs until Shutdown stops it. Running finds it.
+//
 // The binaries (initdb, postgres) are found in BETTER_COMPUTE_PG_BIN, on PATH, or
 // under /usr/lib/postgresql/*/bin (the newest version first).
 package embedded
@@ -72,6 +76,11 @@ type Options struct {
 	Settings map[string]string
 	// Logf receives a line per lifecycle step; nil is silent.
 	Logf func(format string, args ...any)
+	// Detach starts the server so that it outlives this process: in a session
+	// of its own, without the signal a dying parent sends, and not owned (Stop
+	// leaves it running; Shutdown stops it). A server already running is
+	// reused as it is. Only for a cluster kept in a directory.
+	Detach bool
 }
 
 // Cluster is a running embedded cluster.
@@ -113,7 +122,8 @@ func (c *Cluster) Port() int { return c.port }
 // Dir is the data directory.
 func (c *Cluster) Dir() string { return c.dir }
 
-// Owned reports whether this process started the server (and Stop stops it).
+// Owned reports whether this process started the server and Stop stops it:
+// false for a server it found running, and for one it started with Detach.
 func (c *Cluster) Owned() bool { return c.owned }
 
 // Start creates the cluster if its directory is empty, starts it (or finds it
@@ -126,6 +136,9 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		logf = func(string, ...any) {}
 	}
 	c := &Cluster{logf: logf}
+	if o.Detach && (o.Dir == "" || o.Dir == Memory) {
+		return nil, fault.New(fault.InvalidConfig, "a detached embedded cluster outlives its process, so it needs a directory to keep it in (embedded:DIR), not a temporary one")
+	}
 	if o.Dir == "" || o.Dir == Memory {
 		dir, err := os.MkdirTemp("", "better-compute-pg-")
 		if err != nil {
@@ -268,6 +281,11 @@ func (c *Cluster) launch(ctx context.Context, bin string, runAs *syscall.Credent
 		Setpgid:    true,           // a terminal's Ctrl-C reaches us, and we stop the server in order
 		Pdeathsig:  syscall.SIGINT, // fast shutdown if this process dies
 	}
+	if o.Detach {
+		// Its own session: no controlling terminal, so neither a Ctrl-C nor the
+		// terminal's hang-up reaches it, and nothing signals it when we exit.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: runAs, Setsid: true}
+	}
 	if err := cmd.Start(); err != nil {
 		return fault.Wrap(fault.Unavailable, err, "cannot start postgres")
 	}
@@ -294,8 +312,64 @@ func (c *Cluster) launch(ctx context.Context, bin string, runAs *syscall.Credent
 			return fault.New(fault.Unavailable, "postgres did not accept connections within 60 s: %s", lastLines(readTail(logPath), 5))
 		}
 	}
-	c.cmd, c.exited, c.port, c.owned = cmd, exited, port, true
+	c.port = port
+	if !o.Detach {
+		c.cmd, c.exited, c.owned = cmd, exited, true
+	}
 	c.logf("embedded PostgreSQL: started on 127.0.0.1:%d (data %s) in %s", port, c.dir, time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+// Running returns the cluster whose server runs in dir and accepts
+// connections, whoever started it; this process does not own it. It returns
+// NOT_FOUND when none does.
+func Running(ctx context.Context, dir string) (*Cluster, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fault.Wrap(fault.InvalidConfig, err, "bad embedded cluster directory %q", dir)
+	}
+	if port, ok := runningPort(abs); ok && ready(ctx, port) {
+		return &Cluster{dir: abs, port: port, logf: func(string, ...any) {}}, nil
+	}
+	return nil, fault.New(fault.NotFound, "no embedded cluster running in %s", dir)
+}
+
+// Shutdown stops the server running in dir, whoever started it (a detached one,
+// or another process's), with a fast shutdown: open transactions roll back,
+// clients are disconnected, a checkpoint is written. It returns once the server
+// has exited, NOT_FOUND when none runs there, and UNAVAILABLE when it did not
+// stop within 30 s (it then gets an immediate shutdown) or ctx ended first.
+func Shutdown(ctx context.Context, dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fault.Wrap(fault.InvalidConfig, err, "bad embedded cluster directory %q", dir)
+	}
+	pid, ok := runningPID(abs)
+	if !ok {
+		return fault.New(fault.NotFound, "no embedded cluster running in %s", dir)
+	}
+	if err := syscall.Kill(pid, syscall.SIGINT); err != nil {
+		if errors.Is(err, syscall.ESRCH) {
+			return fault.New(fault.NotFound, "no embedded cluster running in %s", dir)
+		}
+		return fault.Wrap(fault.Unavailable, err, "cannot stop the embedded cluster in %s (postmaster pid %d)", dir, pid)
+	}
+	// The server removes postmaster.pid as it exits (after its last child): a
+	// server that has exited may stay a zombie until its parent, gone, is
+	// replaced by one that reaps it, so the file is the sign, as for pg_ctl.
+	gone := func() bool { _, ok := runningPID(abs); return !ok }
+	deadline := time.Now().Add(30 * time.Second)
+	for !gone() {
+		select {
+		case <-ctx.Done():
+			return fault.Wrap(fault.Unavailable, ctx.Err(), "the embedded cluster in %s was stopping (postmaster pid %d)", dir, pid)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(pid, syscall.SIGQUIT)
+			return fault.New(fault.Unavailable, "the embedded cluster in %s did not stop within 30 s; sent SIGQUIT (immediate shutdown) to pid %d", dir, pid)
+		}
+	}
 	return nil
 }
 
@@ -439,9 +513,22 @@ func checkTraversable(dir string) error {
 
 // runningPort reads dir/postmaster.pid and reports the port of a live server.
 func runningPort(dir string) (int, bool) {
+	port, _, ok := postmaster(dir)
+	return port, ok
+}
+
+// runningPID reads dir/postmaster.pid and reports the pid of a live server.
+func runningPID(dir string) (int, bool) {
+	_, pid, ok := postmaster(dir)
+	return pid, ok
+}
+
+// postmaster reads dir/postmaster.pid and reports the port and pid of a live
+// server.
+func postmaster(dir string) (port, pid int, ok bool) {
 	f, err := os.Open(filepath.Join(dir, "postmaster.pid"))
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	defer f.Close()
 	var lines []string
@@ -450,17 +537,17 @@ func runningPort(dir string) (int, bool) {
 		lines = append(lines, s.Text())
 	}
 	if len(lines) < 4 {
-		return 0, false
+		return 0, 0, false
 	}
 	pid, err1 := strconv.Atoi(strings.TrimSpace(lines[0]))
 	port, err2 := strconv.Atoi(strings.TrimSpace(lines[3]))
 	if err1 != nil || err2 != nil || pid <= 0 {
-		return 0, false
+		return 0, 0, false
 	}
 	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
-		return 0, false
+		return 0, 0, false
 	}
-	return port, true
+	return port, pid, true
 }
 
 func ready(ctx context.Context, port int) bool {

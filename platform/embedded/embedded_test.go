@@ -32,6 +32,7 @@ const (
 	helperEnv     = "BC_EMBEDDED_TEST_HELPER"
 	helperDirEnv  = "BC_EMBEDDED_TEST_DIR"
 	helperThenEnv = "BC_EMBEDDED_TEST_THEN" // stop, exit (no Stop), or hold (until stdin closes)
+	helperDetach  = "BC_EMBEDDED_TEST_DETACH"
 )
 
 func TestMain(m *testing.M) {
@@ -46,7 +47,7 @@ func TestMain(m *testing.M) {
 func helper() int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := embedded.Start(ctx, embedded.Options{Dir: os.Getenv(helperDirEnv), Fast: true})
+	c, err := embedded.Start(ctx, embedded.Options{Dir: os.Getenv(helperDirEnv), Fast: true, Detach: os.Getenv(helperDetach) != ""})
 	if err != nil {
 		fmt.Println("error=" + err.Error())
 		return 1
@@ -195,6 +196,21 @@ func processUID(t *testing.T, pid int) int {
 	}
 	t.Fatalf("no Uid in /proc/%d/status", pid)
 	return -1
+}
+
+// sessionOf is the session id of process pid (/proc/PID/stat: after the
+// command's closing parenthesis come its state, parent, group and session).
+func sessionOf(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(t, err)
+	i := bytes.LastIndexByte(b, ')')
+	require.Positive(t, i, "%s", b)
+	fields := strings.Fields(string(b[i+1:]))
+	require.GreaterOrEqual(t, len(fields), 4, "%s", b)
+	sid, err := strconv.Atoi(fields[3])
+	require.NoError(t, err)
+	return sid
 }
 
 // requireGone waits until the server on port and dir is gone: the port refuses
@@ -389,6 +405,61 @@ func TestReusedBySecondProcess(t *testing.T) {
 	query(t, c3.URL())
 	require.NoError(t, c3.Stop())
 	requireGone(t, c3.Port(), dir)
+}
+
+// TestDetachedOutlivesItsProcess: a process that starts the cluster with
+// Detach does not own it, and exits (here by SIGKILL, after it reported) with
+// the server still running, in a session of its own so that no terminal's
+// Ctrl-C or hang-up reaches it. Another process finds it with Running and
+// reuses it with Start; Shutdown stops it, after which Running and Shutdown
+// find nothing.
+func TestDetachedOutlivesItsProcess(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	dir := filepath.Join(sharedDir(t), "pg")
+	t.Cleanup(func() { _ = embedded.Shutdown(context.Background(), dir) })
+	cmd := helperCmd(t, self, dir, "hold")
+	cmd.Env = append(cmd.Env, helperDetach+"=1")
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	defer stdin.Close()
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	report := readReport(t, stdout)
+	require.Equal(t, "false", report["owned"], "a detached server has no owner")
+	port, err := strconv.Atoi(report["port"])
+	require.NoError(t, err)
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+
+	pid := postmaster(t, dir)
+	require.Equal(t, pid, sessionOf(t, pid), "the server leads a session of its own")
+	c, err := embedded.Running(ctx, dir)
+	require.NoError(t, err)
+	require.Equal(t, port, c.Port())
+	require.False(t, c.Owned())
+	query(t, c.URL())
+	require.NoError(t, c.Stop(), "Stop leaves a server it does not own running")
+	query(t, c.URL())
+
+	again, err := embedded.Start(ctx, embedded.Options{Dir: dir, Fast: true, Detach: true})
+	require.NoError(t, err)
+	require.Equal(t, port, again.Port(), "reused")
+	require.Equal(t, pid, postmaster(t, dir), "the same server, never restarted")
+
+	require.NoError(t, embedded.Shutdown(ctx, dir))
+	require.NoFileExists(t, filepath.Join(dir, "postmaster.pid"), "Shutdown returns once the server is gone")
+	requireGone(t, port, dir)
+	_, err = embedded.Running(ctx, dir)
+	require.Equal(t, fault.NotFound, fault.CodeOf(err), "%v", err)
+	require.Contains(t, err.Error(), "no embedded cluster running in "+dir)
+	require.Equal(t, fault.NotFound, fault.CodeOf(embedded.Shutdown(ctx, dir)))
+
+	_, err = embedded.Start(ctx, embedded.Options{Dir: embedded.Memory, Detach: true})
+	require.Equal(t, fault.InvalidConfig, fault.CodeOf(err), "a detached cluster needs a directory: %v", err)
 }
 
 // TestStoppedWhenTheOwnerIsKilled: a process that started the server and is
