@@ -110,6 +110,7 @@ func (a *App) commands() ([]*command, error) {
 		workerCommand(),
 		serveCommand(),
 		devCommand(a.DevDatabase()),
+		dbCommand(a.DevDatabase()),
 		doctorCommand(),
 		backfillCommand(),
 		sinksCommand(),

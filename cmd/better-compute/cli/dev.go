@@ -20,8 +20,8 @@ import (
 // BETTER_COMPUTE_DATABASE_URL is not set: App{}.DevDatabase().
 const DevDatabase = "embedded:.better-compute/pg"
 
-// devURLFile is the name of the file dev writes the database's URL to, beside
-// the embedded cluster's data directory (see devURLPath).
+// devURLFile is the name of the file dev and db start write the database's URL
+// to, beside the embedded cluster's data directory (see devURLPath).
 const devURLFile = "database-url"
 
 // DevDatabase is dev's database when BETTER_COMPUTE_DATABASE_URL is not set:
@@ -56,7 +56,8 @@ func devCommand(db string) *command {
 // run migrates, starts a worker on every shard and serve in one process, and
 // runs each module's Dev (the application's play), until interrupted. On an
 // embedded cluster kept in a directory it writes the database's URL to a file
-// for scripts (devURLPath), removed when dev stops.
+// for scripts (devURLPath), removed when dev stops the cluster: a cluster it
+// found running (started by db start) it leaves running, and the file with it.
 func (o *devOpts) run(ctx context.Context, s *Session, _ []string) error {
 	s.Dev = true
 	s.traceConsole = o.trace
@@ -92,7 +93,12 @@ func (o *devOpts) run(ctx context.Context, s *Session, _ []string) error {
 			if err != nil {
 				return err
 			}
-			defer remove()
+			// The file lives as long as the cluster: dev removes it when it
+			// stops a cluster it started, and leaves it with one it found
+			// running (db start's, or another dev's), which stays up.
+			if s.cluster.Owned() {
+				defer remove()
+			}
 		}
 	}
 	name := s.App.name()
@@ -107,7 +113,7 @@ func (o *devOpts) run(ctx context.Context, s *Session, _ []string) error {
 	return nil
 }
 
-// devURLPath is where dev writes the URL of the embedded cluster embeddedURL
+// devURLPath is where dev and db start write the URL of the embedded cluster embeddedURL
 // names: devURLFile in the parent of its data directory (the URL's path is the
 // data directory itself, PostgreSQL's own), so embedded:.app/pg writes
 // .app/database-url. It is "" for embedded:memory, whose temporary directory's
@@ -122,7 +128,7 @@ func devURLPath(embeddedURL string) string {
 
 // writeURLFile writes url and a newline to path, mode 0600, replacing the file
 // at once (a script never reads half of it). remove removes the file if it
-// still holds url (another dev on the same cluster may have rewritten it).
+// still holds url (removeURLFile).
 func writeURLFile(path, url string) (remove func(), err error) {
 	content := url + "\n"
 	f, err := os.CreateTemp(filepath.Dir(path), "."+devURLFile+"-*") // mode 0600
@@ -139,11 +145,15 @@ func writeURLFile(path, url string) (remove func(), err error) {
 	if err != nil {
 		return nil, fault.Wrap(fault.InvalidConfig, err, "cannot write the database URL to %s", path)
 	}
-	return func() {
-		if b, err := os.ReadFile(path); err == nil && string(b) == content {
-			_ = os.Remove(path)
-		}
-	}, nil
+	return func() { removeURLFile(path, url) }, nil
+}
+
+// removeURLFile removes the URL file at path if it holds url (another cluster
+// in the same parent directory may have rewritten it).
+func removeURLFile(path, url string) {
+	if b, err := os.ReadFile(path); err == nil && string(b) == url+"\n" {
+		_ = os.Remove(path)
+	}
 }
 
 type tracerKey struct{}
