@@ -172,7 +172,17 @@ func Plan(m Meta, i *Info, ev Event, next Next, state json.RawMessage, queue str
 		}
 		return nil
 	}
+	// A cancelled workflow's compensation keeps it cancelling, with the
+	// cancel's reason as its error, until it ends cancelled: it may Goto,
+	// Finish or Fail, not wait (a wait would leave cancelling, and a
+	// cancelling workflow takes no signals).
 	cancelling := i.Status == Cancelling
+	if cancelling {
+		waits := map[string]string{"sleep": "Sleep", "await": "AwaitSignal", "children": "StartChildren"}
+		if w, ok := waits[next.op]; ok {
+			return t, fault.New(fault.InvalidArgument, "workflow %s step %s: a compensation step may Goto, Finish or Fail, not %s", m.Kind, ev.Step, w)
+		}
+	}
 	switch next.op {
 	case "goto":
 		if err := need(next.step, "Goto"); err != nil {
@@ -180,7 +190,7 @@ func Plan(m Meta, i *Info, ev Event, next Next, state json.RawMessage, queue str
 		}
 		t.Status, t.Step, t.NextStep, t.Job, t.MaxAttempts = Running, next.step, next.step, true, attemptsOf(next.step)
 		if cancelling {
-			t.Status = Cancelling
+			t.Status, t.Error = Cancelling, i.Error
 		}
 	case "sleep":
 		if err := need(next.step, "Sleep"); err != nil {

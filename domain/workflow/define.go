@@ -38,8 +38,12 @@ type Workflow[In, S, Out any] struct {
 	// Signals are the names SignalTx accepts for this kind.
 	Signals []string
 	// Compensate, optional, names the step that runs once when the workflow is
-	// cancelled (Call.Cancelled is true); the workflow is cancelled when it
-	// finishes.
+	// cancelled (Call.Cancelled is true). Meanwhile the workflow is
+	// cancelling, and the cancel's reason is its error throughout; the
+	// compensation may Goto further steps (they run cancelling too), Finish or
+	// Fail, and the workflow is then cancelled, with that reason (and
+	// "; compensation failed: …" after a Fail or an exhausted step). It may
+	// not Sleep, AwaitSignal or StartChildren: that fails the compensation.
 	Compensate string
 }
 

@@ -69,7 +69,8 @@
 //     sibling's outcome.
 //   - Cancel bumps the seq of the workflow and of its unfinished descendants:
 //     their outstanding jobs are cancelled or fenced; a declared compensation
-//     step then runs once (its own seq).
+//     step then runs once (its own seq). The cancel's reason is the workflow's
+//     error from then on, cancelling and cancelled.
 //
 // # Trace context
 //

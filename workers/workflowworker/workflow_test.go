@@ -335,6 +335,43 @@ func TestBadInputWritesNothing(t *testing.T) {
 	require.Equal(t, 0, e.db.MustCount(t, `SELECT count(*) FROM compute_workflow_signals`))
 }
 
+// TestACompensationThatWaitsFailsAndKeepsTheReason: a compensation step may
+// Goto, Finish or Fail, not wait (a sleeping workflow would no longer be
+// cancelling, and would end completed): a Sleep fails the compensation, and
+// the workflow ends cancelled with the cancel's reason.
+func TestACompensationThatWaitsFailsAndKeepsTheReason(t *testing.T) {
+	t.Parallel()
+	wf := &workflow.Workflow[struct{}, int, int]{
+		Kind: "napper",
+		Steps: []workflow.Step[int]{
+			{Name: "wait", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[int]) (workflow.Next, error) {
+				return workflow.Sleep(time.Hour, "wait"), nil
+			}},
+			{Name: "undo", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[int]) (workflow.Next, error) {
+				return workflow.Sleep(time.Minute, "wait"), nil
+			}},
+		},
+		Compensate: "undo",
+	}
+	e := start(t, wf)
+	ctx := context.Background()
+	id := startWF(t, e.db.Pool, "napper", struct{}{}, "n1")
+	waitStatus(t, e.db.Pool, id, workflow.Sleeping)
+	require.NoError(t, pg.InTx(ctx, e.db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		return workflow.CancelTx(ctx, tx, id, "customer asked")
+	}))
+	var i *workflow.Info
+	require.Eventually(t, func() bool {
+		var err error
+		i, err = workflow.Get(ctx, e.db.Pool, id)
+		require.NoError(t, err)
+		return i.Status != workflow.Cancelling // the compensation ran
+	}, time.Minute, 10*time.Millisecond)
+	require.Equal(t, workflow.Cancelled, i.Status)
+	require.Equal(t, "customer asked; compensation failed: step undo failed (attempt 1 of 10): INVALID_ARGUMENT: "+
+		"workflow napper step undo: a compensation step may Goto, Finish or Fail, not Sleep", i.Error)
+}
+
 func TestChildrenFanOutAndIn(t *testing.T) {
 	t.Parallel()
 	const n = 1000

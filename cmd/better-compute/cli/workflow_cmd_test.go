@@ -3,6 +3,7 @@ package cli_test
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,11 +25,13 @@ import (
 
 // The test application's workflows: wfcli_order (reserve, charge — which
 // fails while its order is in wfcli_declined —, then finish or await the
-// signal paid; release compensates a cancel) and wfcli_ping (one step).
+// signal paid; release compensates a cancel, followed by refund with
+// undo_twice) and wfcli_ping (one step).
 
 type wfOrderIn struct {
 	Order     string `json:"order"`
 	AwaitPaid bool   `json:"await_paid,omitempty"`
+	UndoTwice bool   `json:"undo_twice,omitempty"`
 }
 
 type wfOrderState struct {
@@ -86,6 +89,17 @@ func wfOrder() *workflow.Workflow[wfOrderIn, wfOrderState, wfOrderOut] {
 			}},
 			{Name: "release", Tx: func(ctx context.Context, tx pgx.Tx, c *call) (workflow.Next, error) {
 				c.State.Trail = append(c.State.Trail, "release")
+				var in wfOrderIn
+				if err := json.Unmarshal(c.Input, &in); err != nil {
+					return workflow.Next{}, err
+				}
+				if in.UndoTwice {
+					return workflow.Goto("refund"), nil
+				}
+				return workflow.Finish(wfOrderOut{Order: c.State.Order, Released: true}), nil
+			}},
+			{Name: "refund", Tx: func(ctx context.Context, tx pgx.Tx, c *call) (workflow.Next, error) {
+				c.State.Trail = append(c.State.Trail, "refund")
 				return workflow.Finish(wfOrderOut{Order: c.State.Order, Released: true}), nil
 			}},
 		},
@@ -474,6 +488,75 @@ func TestWorkflowCommandLifecycle(t *testing.T) {
 		ids = append(ids, w.ID)
 	}
 	require.ElementsMatch(t, []string{"done-1", "paid-1", "bad-1", "stuck-1"}, ids)
+}
+
+// TestWorkflowCommandCancelReason: the reason of a cancel is the workflow's
+// error from the cancel on: while its compensation waits to run (cancelling),
+// through a compensation of two steps (release, then refund), and once it is
+// cancelled; and at once for a kind without compensation. list, list --json,
+// show, show --json and serve's HTML page of the workflow each show it.
+func TestWorkflowCommandCancelReason(t *testing.T) {
+	t.Parallel()
+	db, env := wfEnv(t)
+	const user, pass = "ops", "cancel-Pa55word"
+	base := serveApp(t, wfApp(), append(dbEnv(db), "BETTER_COMPUTE_LISTEN=127.0.0.1:0",
+		"BETTER_COMPUTE_AUTH_USER="+user, "BETTER_COMPUTE_AUTH_PASSWORD="+pass))
+
+	// No worker yet: the compensation waits.
+	wfStart(t, db.Pool, "wfcli_order", `{"order": "undo-1", "undo_twice": true}`, "undo-1")
+	wfStart(t, db.Pool, "wfcli_ping", `{}`, "ping-1")
+	r := wfRun(t, env, "cancel", "undo-1", "--reason", "customer left")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Equal(t, "cancelling workflow undo-1 (was running at step reserve): its compensation step release runs once, then it is cancelled\n", r.Stdout)
+	r = wfRun(t, env, "cancel", "ping-1", "--reason", "not needed")
+	require.Equal(t, 0, r.Code, r.Stderr)
+
+	requireReason := func(id string, status workflow.Status, step, reason string) {
+		t.Helper()
+		r := wfRun(t, env, "list")
+		require.Equal(t, 0, r.Code, r.Stderr)
+		require.Regexp(t, `(?m)^`+id+`\s+wfcli_\w+\s+`+string(status)+`\s+`+step+`\s+\d+\s+\S+ ago\s+`+reason+`$`, r.Stdout)
+		r = wfRun(t, env, "list", "--json")
+		require.Equal(t, 0, r.Code, r.Stderr)
+		var page []workflow.Info
+		require.NoError(t, json.Unmarshal([]byte(r.Stdout), &page))
+		found := false
+		for _, w := range page {
+			if w.ID == id {
+				found = true
+				require.Equal(t, status, w.Status)
+				require.Equal(t, reason, w.Error, "list --json")
+			}
+		}
+		require.True(t, found, "list --json has no %s: %s", id, r.Stdout)
+		r = wfRun(t, env, "show", id)
+		require.Equal(t, 0, r.Code, r.Stderr)
+		require.Equal(t, reason, showField(t, r.Stdout, "error"), "show")
+		r = wfRun(t, env, "show", id, "--json")
+		require.Equal(t, 0, r.Code, r.Stderr)
+		var detail struct {
+			Workflow workflow.Info `json:"workflow"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.Stdout), &detail))
+		require.Equal(t, status, detail.Workflow.Status)
+		require.Equal(t, reason, detail.Workflow.Error, "show --json")
+		html := wfGet(t, base, "workflows/"+id, user, pass)
+		require.Equal(t, http.StatusOK, html.status, html.body)
+		require.Contains(t, html.body, `<tr><th>Error</th><td class="err">`+reason+`</td></tr>`, "the HTML page")
+	}
+	requireReason("undo-1", workflow.Cancelling, "release", "customer left")
+	requireReason("ping-1", workflow.Cancelled, "pong", "not needed")
+
+	// The compensation runs (release, then refund): the reason stays.
+	wfWorker(t, db)
+	i := wfWait(t, db, "undo-1", workflow.Cancelled)
+	require.JSONEq(t, `{"order":"undo-1","trail":["release","refund"]}`, string(i.State))
+	requireReason("undo-1", workflow.Cancelled, "refund", "customer left")
+	outcomes := []string{}
+	for _, h := range wfHistory(t, db, "undo-1") {
+		outcomes = append(outcomes, h.Step+":"+h.Outcome+":"+h.Error)
+	}
+	require.Equal(t, []string{"reserve:cancelled:customer left", "release:goto:customer left", "refund:cancelled:customer left"}, outcomes)
 }
 
 // wfStart starts a workflow of wfApp's registry directly, as an application
