@@ -30,8 +30,14 @@ import (
 type Workflow[In, S, Out any] struct {
 	// Kind names the workflow: [a-z][a-z0-9_]{0,62}.
 	Kind string
-	// Init makes the state from the input when the first step runs. Nil starts
-	// from S's zero value.
+	// Init makes the state from the input. It runs at the start (StartTx), on
+	// the input decoded into In, only to check it: an error refuses the start
+	// (INVALID_ARGUMENT, nothing written) and the state it returns is
+	// dropped. It runs again whenever a step runs while the state is still
+	// empty (the first step, at each of its attempts until one commits, or
+	// the compensation of a workflow cancelled before that), and that state
+	// is the one the step gets and saves. So it must depend only on the input.
+	// Nil starts from S's zero value.
 	Init func(in In) (S, error)
 	// Steps are the workflow's steps; the first is where every instance starts.
 	Steps []Step[S]
@@ -298,8 +304,9 @@ type Definition interface {
 	Meta() Meta
 	// Validate checks the definition (INVALID_CONFIG).
 	Validate() error
-	// DecodeInput checks that input decodes into the workflow's In.
-	DecodeInput(input json.RawMessage) error
+	// CheckInput checks that input decodes into the workflow's In and that
+	// its Init accepts it (INVALID_ARGUMENT otherwise).
+	CheckInput(input json.RawMessage) error
 	// Run runs a step: see Invocation.
 	Run(ctx context.Context, tx pgx.Tx, inv *Invocation) (Next, error)
 }
@@ -381,11 +388,28 @@ func (w *Workflow[In, S, Out]) Validate() error {
 	return nil
 }
 
-// DecodeInput implements Definition.
-func (w *Workflow[In, S, Out]) DecodeInput(input json.RawMessage) error {
+// CheckInput implements Definition: the input as the first step will see it
+// (decoded from JSON into In) goes through Init, whose state is dropped. An
+// error of Init's is INVALID_ARGUMENT: as it is when it has that code, wrapped
+// otherwise.
+func (w *Workflow[In, S, Out]) CheckInput(input json.RawMessage) (err error) {
 	var in In
 	if err := json.Unmarshal(input, &in); err != nil {
 		return fault.Wrap(fault.InvalidArgument, err, "the input of workflow %s does not decode", w.Kind)
+	}
+	if w.Init == nil {
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fault.New(fault.InvalidArgument, "workflow %s refuses its input: Init panicked: %v", w.Kind, r)
+		}
+	}()
+	if _, err := w.Init(in); err != nil {
+		if fault.Has(err, fault.InvalidArgument) {
+			return err
+		}
+		return fault.Wrap(fault.InvalidArgument, err, "workflow %s refuses its input (Init)", w.Kind)
 	}
 	return nil
 }

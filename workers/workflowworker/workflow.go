@@ -332,8 +332,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // CheckStart checks, without the database, that r defines workflow kind and
-// that input decodes into its input type (INVALID_ARGUMENT naming the kinds r
-// defines otherwise).
+// that input decodes into its input type and passes its Init
+// (Definition.CheckInput); INVALID_ARGUMENT otherwise, naming the kinds r
+// defines for an unknown one.
 func CheckStart(r *workers.Registry, kind string, input json.RawMessage) error {
 	defs := Definitions(r)
 	d := defs[kind]
@@ -348,11 +349,13 @@ func CheckStart(r *workers.Registry, kind string, input json.RawMessage) error {
 		}
 		return fault.New(fault.InvalidArgument, "unknown workflow kind %q: this binary defines %s", kind, strings.Join(known, ", "))
 	}
-	return d.DecodeInput(input)
+	return d.CheckInput(input)
 }
 
 // StartTx is workflow.StartTx, for callers that hold the registry: it checks
-// the kind and the input first (CheckStart).
+// the kind and the input first (CheckStart), so an input that does not decode
+// into the kind's In, or that its Init refuses, is INVALID_ARGUMENT before
+// any statement is sent (tx stays usable).
 func StartTx(ctx context.Context, r *workers.Registry, tx pgx.Tx, kind string, input json.RawMessage, opts *workflow.StartOpts) (string, error) {
 	if err := CheckStart(r, kind, input); err != nil {
 		return "", err

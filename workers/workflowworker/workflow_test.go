@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -94,8 +95,9 @@ func orderWorkflow() *workflow.Workflow[orderIn, orderState, orderOut] {
 }
 
 type env struct {
-	db *pgtest.DB
-	rt *workers.Runtime
+	db  *pgtest.DB
+	rt  *workers.Runtime
+	reg *workers.Registry
 }
 
 func start(t *testing.T, defs ...workflow.Definition) *env {
@@ -110,7 +112,7 @@ func start(t *testing.T, defs ...workflow.Definition) *env {
 		require.NoError(t, workflowworker.Add(reg, d))
 	}
 	rt := workertest.Start(t, db.Pool, reg, nil)
-	return &env{db: db, rt: rt}
+	return &env{db: db, rt: rt, reg: reg}
 }
 
 func startWF(t *testing.T, db *pg.Pool, kind string, in any, id string) string {
@@ -333,6 +335,89 @@ func TestBadInputWritesNothing(t *testing.T) {
 	})
 	require.True(t, fault.Has(err, fault.InvalidArgument), "%v", err)
 	require.Equal(t, 0, e.db.MustCount(t, `SELECT count(*) FROM compute_workflow_signals`))
+}
+
+type tripIn struct {
+	Traveler string `json:"traveler"`
+	Nights   int    `json:"nights"`
+}
+
+// trip's Init refuses a trip without a traveler (INVALID_ARGUMENT) and one of
+// no nights (a plain error), and panics for the traveler boom.
+func tripWorkflow() *workflow.Workflow[tripIn, tripIn, string] {
+	return &workflow.Workflow[tripIn, tripIn, string]{
+		Kind: "trip",
+		Init: func(in tripIn) (tripIn, error) {
+			if in.Traveler == "" {
+				return in, fault.New(fault.InvalidArgument, "a trip needs a traveler")
+			}
+			if in.Nights <= 0 {
+				return in, errors.New("a trip lasts a night at least")
+			}
+			if in.Traveler == "boom" {
+				panic("no boom allowed")
+			}
+			return in, nil
+		},
+		Steps: []workflow.Step[tripIn]{{Name: "book", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[tripIn]) (workflow.Next, error) {
+			return workflow.Finish(c.State.Traveler), nil
+		}}},
+	}
+}
+
+// TestStartRefusesAnInputInitRefuses: the typed StartTx and
+// workflowworker.StartTx run the kind's Init (and decode the input into its
+// In) before any statement: a refused input is INVALID_ARGUMENT, nothing is
+// stored, and the caller's transaction goes on and commits its own work. The
+// untyped workflow.StartTx, which knows no definitions, still accepts it, and
+// the workflow fails at its first step.
+func TestStartRefusesAnInputInitRefuses(t *testing.T) {
+	t.Parallel()
+	trip := tripWorkflow()
+	e := start(t, trip)
+	ctx := context.Background()
+	var errs []error
+	require.NoError(t, pg.InTx(ctx, e.db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO wf_effects VALUES ('caller', 'before', 1)`); err != nil {
+			return err
+		}
+		_, err := trip.StartTx(ctx, tx, tripIn{Nights: 2}, &workflow.StartOpts{ID: "t1"})
+		errs = append(errs, err)
+		_, err = trip.StartTx(ctx, tx, tripIn{Traveler: "ada"}, &workflow.StartOpts{ID: "t2"})
+		errs = append(errs, err)
+		_, err = workflowworker.StartTx(ctx, e.reg, tx, "trip", []byte(`{"nights": 2}`), &workflow.StartOpts{ID: "t3"})
+		errs = append(errs, err)
+		_, err = workflowworker.StartTx(ctx, e.reg, tx, "trip", []byte(`{"traveler": ["ada"], "nights": 2}`), &workflow.StartOpts{ID: "t4"})
+		errs = append(errs, err)
+		_, err = trip.StartTx(ctx, tx, tripIn{Traveler: "boom", Nights: 1}, nil)
+		errs = append(errs, err)
+		// No statement failed: the transaction goes on.
+		_, err = tx.Exec(ctx, `INSERT INTO wf_effects VALUES ('caller', 'after', 1)`)
+		return err
+	}))
+	for n, want := range []string{
+		"INVALID_ARGUMENT: a trip needs a traveler",
+		"INVALID_ARGUMENT: workflow trip refuses its input (Init): a trip lasts a night at least",
+		"INVALID_ARGUMENT: a trip needs a traveler",
+		"INVALID_ARGUMENT: the input of workflow trip does not decode: json: cannot unmarshal array",
+		"INVALID_ARGUMENT: workflow trip refuses its input: Init panicked: no boom allowed",
+	} {
+		require.True(t, fault.Has(errs[n], fault.InvalidArgument), "start %d: %v", n, errs[n])
+		require.True(t, strings.HasPrefix(errs[n].Error(), want), "start %d: %v", n, errs[n])
+	}
+	require.Equal(t, 2, e.db.MustCount(t, `SELECT count(*) FROM wf_effects WHERE workflow_id = 'caller'`))
+	require.Equal(t, 0, e.db.MustCount(t, `SELECT count(*) FROM compute_workflows`))
+	require.Equal(t, 0, e.db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'workflow_step'`))
+
+	// An input Init accepts starts, and the first step gets Init's state.
+	startWF(t, e.db.Pool, "trip", tripIn{Traveler: "ada", Nights: 2}, "t5")
+	i := wait(t, e.db.Pool, "t5")
+	require.JSONEq(t, `"ada"`, string(i.Result))
+
+	// The untyped StartTx knows no Init: the workflow fails at its first step.
+	startWF(t, e.db.Pool, "trip", tripIn{Nights: 2}, "t6")
+	i = waitStatus(t, e.db.Pool, "t6", workflow.Failed)
+	require.Contains(t, i.Error, "a trip needs a traveler")
 }
 
 // TestACompensationThatWaitsFailsAndKeepsTheReason: a compensation step may

@@ -16,6 +16,7 @@ import (
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
 	"github.com/bettercompute/bettercompute/domain/workflow"
+	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
@@ -26,7 +27,8 @@ import (
 // The test application's workflows: wfcli_order (reserve, charge — which
 // fails while its order is in wfcli_declined —, then finish or await the
 // signal paid; release compensates a cancel, followed by refund with
-// undo_twice) and wfcli_ping (one step).
+// undo_twice; its Init refuses an input without an order) and wfcli_ping (one
+// step).
 
 type wfOrderIn struct {
 	Order     string `json:"order"`
@@ -50,7 +52,12 @@ func wfOrder() *workflow.Workflow[wfOrderIn, wfOrderState, wfOrderOut] {
 	type call = workflow.Call[wfOrderState]
 	return &workflow.Workflow[wfOrderIn, wfOrderState, wfOrderOut]{
 		Kind: "wfcli_order",
-		Init: func(in wfOrderIn) (wfOrderState, error) { return wfOrderState{Order: in.Order}, nil },
+		Init: func(in wfOrderIn) (wfOrderState, error) {
+			if in.Order == "" {
+				return wfOrderState{}, fault.New(fault.InvalidArgument, "an order needs its id (order)")
+			}
+			return wfOrderState{Order: in.Order}, nil
+		},
 		Steps: []workflow.Step[wfOrderState]{
 			{Name: "reserve", Tx: func(ctx context.Context, tx pgx.Tx, c *call) (workflow.Next, error) {
 				c.State.Trail = append(c.State.Trail, "reserve")
@@ -226,6 +233,7 @@ func TestWorkflowCommandArguments(t *testing.T) {
 		// Decided from the binary's definitions, before the database.
 		{[]string{"start", "nope", "{}"}, `unknown workflow kind "nope": this binary defines wfcli_order, wfcli_ping`},
 		{[]string{"start", "wfcli_order", `{"order": 5}`}, "the input of workflow wfcli_order does not decode"},
+		{[]string{"start", "wfcli_order", `{"await_paid": true}`}, "an order needs its id (order)"},
 	} {
 		exit := 1
 		if strings.HasPrefix(tc.says, "flag provided") {
