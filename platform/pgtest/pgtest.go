@@ -32,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bettercompute/bettercompute/platform/embedded"
+	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/migrate"
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
@@ -268,4 +269,31 @@ func (d *DB) MustCount(tb testing.TB, sql string, args ...any) int {
 		tb.Fatalf("pgtest: %s: %v", sql, err)
 	}
 	return n
+}
+
+// RequireRefusal runs fn in a transaction of its own and fails the test unless
+// fn returns an error of code and leaves the transaction usable: a SELECT 1 in
+// it succeeds and it commits. A statement that failed inside fn would have
+// aborted the transaction, so a refusal that passes was made before any such
+// statement was sent. It returns fn's error.
+func (d *DB) RequireRefusal(tb testing.TB, code fault.Code, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	tb.Helper()
+	ctx := context.Background()
+	tx, err := d.Pool.Begin(ctx)
+	if err != nil {
+		tb.Fatalf("pgtest: begin: %v", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	ferr := fn(ctx, tx)
+	if got := fault.CodeOf(ferr); got != code {
+		tb.Fatalf("pgtest: want %s, got %q: %v", code, got, ferr)
+	}
+	var one int
+	if err := tx.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil {
+		tb.Fatalf("pgtest: the transaction is not usable after the refusal (%v): %v", ferr, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		tb.Fatalf("pgtest: the transaction does not commit after the refusal (%v): %v", ferr, err)
+	}
+	return ferr
 }
