@@ -11,6 +11,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 
+	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/tracing"
 )
@@ -27,7 +28,9 @@ var (
 // route), whose lease holder works it and fences its writes. If tx rolls back,
 // so does the job. opts may set anything but the queue (nil for River's
 // defaults and the args' own InsertOpts); a queue other than the key's shard
-// queue is INVALID_ARGUMENT, and so is an empty key.
+// queue is INVALID_ARGUMENT, and so is a key that is empty, longer than
+// MaxKeyLen, not valid UTF-8 or holding a NUL byte (refused before any
+// statement is sent: tx stays usable).
 //
 //	_, err := jobs.InsertForKeyTx(ctx, tx, orderID, ShipArgs{OrderID: orderID}, nil)
 func InsertForKeyTx(ctx context.Context, tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error) {
@@ -59,6 +62,11 @@ func InsertForKeyTx(ctx context.Context, tx pgx.Tx, key string, args river.JobAr
 // no worker would ever take it) it is refused with INVALID_ARGUMENT, by the
 // database, whatever the insert path.
 //
+// Args whose JSON PostgreSQL's jsonb refuses (a string holding a NUL byte,
+// which encoding/json writes as \u0000), and opts.Metadata that is not such
+// JSON, are INVALID_ARGUMENT before any statement is sent (fault.CheckJSON):
+// the insert would fail and abort tx.
+//
 // When ctx has a sampled span (the application's request, traced), the job's
 // metadata records it as "traceparent", so the job's work span is in the
 // request's trace (README "One trace from the request to the delivery").
@@ -68,6 +76,9 @@ func InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.In
 	})
 	if inserterErr != nil {
 		return nil, inserterErr
+	}
+	if err := checkArgs(args, opts); err != nil {
+		return nil, err
 	}
 	if cause := tracing.Cause(ctx); cause != "" {
 		o := river.InsertOpts{}
@@ -86,6 +97,26 @@ func InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.In
 		return nil, pg.Translate(err)
 	}
 	return res, nil
+}
+
+// checkArgs refuses args and metadata that the insert's jsonb columns would
+// refuse (fault.CheckJSON). River encodes args again: a second json.Marshal of
+// a job's args costs little beside the insert's round trip.
+func checkArgs(args river.JobArgs, opts *river.InsertOpts) error {
+	enc, err := json.Marshal(args)
+	if err != nil {
+		return fault.Wrap(fault.InvalidArgument, err, "InsertTx: the job's args do not encode as JSON")
+	}
+	if err := fault.CheckJSON("InsertTx: the args of job "+args.Kind(), enc); err != nil {
+		return err
+	}
+	if opts != nil && len(opts.Metadata) > 0 {
+		if !json.Valid(opts.Metadata) {
+			return invalid("InsertTx: opts.Metadata is not JSON")
+		}
+		return fault.CheckJSON("InsertTx: opts.Metadata", opts.Metadata)
+	}
+	return nil
 }
 
 // withTraceparent is metadata (a JSON object, or empty) with its "traceparent"

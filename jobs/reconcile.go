@@ -68,13 +68,13 @@ func ValidateKind(kind string) error {
 // MaxKeyLen is the longest key DirtyTx and InsertForKeyTx accept.
 const MaxKeyLen = 512
 
-// checkKey is INVALID_ARGUMENT, prefixed with what, for a key that is empty or
-// longer than MaxKeyLen.
+// checkKey is INVALID_ARGUMENT, prefixed with what, for a key that is empty,
+// longer than MaxKeyLen, or not text PostgreSQL stores (fault.CheckText).
 func checkKey(what, key string) error {
 	if key == "" || len(key) > MaxKeyLen {
 		return invalid("%s: key must be 1 to %d bytes, got %d", what, MaxKeyLen, len(key))
 	}
-	return nil
+	return fault.CheckText(what+": key", key)
 }
 
 // KeyHash is the stable hash that maps a key to its shard: FNV-1a, 32 bits.
@@ -125,7 +125,8 @@ type DirtyOpts struct {
 // doc. If tx rolls back, so does the mark. It is one statement, the SQL function
 // compute_mark_dirty (which triggers and other languages call the same way). It
 // returns INVALID_ARGUMENT for a kind that is not [a-z][a-z0-9_]{0,62} or a key
-// that is empty or longer than MaxKeyLen, before any statement is sent.
+// that is empty, longer than MaxKeyLen, not valid UTF-8 or holds a NUL byte,
+// before any statement is sent: tx stays usable.
 //
 // The span of ctx, if sampled, is recorded as a cause of the key's next
 // reconcile (tracing.Cause; see "Trace context" in the package doc).
