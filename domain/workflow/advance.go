@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -317,6 +319,9 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, i *Info, t Transition) (int64, er
 		if len(t.State) > MaxPayload {
 			return 0, fault.New(fault.InvalidArgument, "the state of workflow %s is %d bytes, over the limit of %d", i.ID, len(t.State), MaxPayload)
 		}
+		if err := fault.CheckJSON("the state of workflow "+i.ID, t.State); err != nil {
+			return 0, err
+		}
 		state = string(t.State)
 	}
 	if t.Result != nil {
@@ -328,7 +333,7 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, i *Info, t Transition) (int64, er
 	}
 	var errText any
 	if t.Error != "" {
-		errText = truncate(t.Error, 4000)
+		errText = errorText(t.Error, 4000)
 	}
 	if t.Job && t.Wait != nil && t.Wait.Signal != "" && time.Until(t.RunAt) > 0 {
 		// A signal already in the inbox (sent before this wait) resumes it at
@@ -427,9 +432,17 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, i *Info, t Transition) (int64, er
 	return newSeq, nil
 }
 
-func truncate(s string, n int) string {
+// errorText is a step's error as text PostgreSQL stores: invalid UTF-8
+// replaced and NUL bytes dropped (an application's error may hold either, and
+// refusing it would leave the failure unrecorded), cut to n bytes at a
+// character's start.
+func errorText(s string, n int) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "")
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "…"
 }

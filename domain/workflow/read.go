@@ -51,6 +51,12 @@ func List(ctx context.Context, db pg.DBTX, o ListOpts) ([]Info, error) {
 	if o.Status != "" && !validStatus(o.Status) {
 		return nil, fault.New(fault.InvalidArgument, "unknown workflow status %q (one of %s)", o.Status, statusList())
 	}
+	if err := fault.CheckText("list workflows: kind", o.Kind); err != nil {
+		return nil, err
+	}
+	if err := fault.CheckText("list workflows: before", o.Before); err != nil {
+		return nil, err
+	}
 	var before any
 	if o.Before != "" {
 		before = o.Before

@@ -93,7 +93,9 @@ func NewID() string {
 	return "wf_" + hex.EncodeToString(b[:])
 }
 
-// encode marshals v (a json.RawMessage as is) and checks the size limit.
+// encode marshals v (a json.RawMessage as is) and checks it: valid JSON that
+// jsonb stores (fault.CheckJSON: a string holding a NUL byte is not), within
+// the size limit.
 func encode(what string, v any) (json.RawMessage, error) {
 	var enc []byte
 	switch x := v.(type) {
@@ -113,6 +115,9 @@ func encode(what string, v any) (json.RawMessage, error) {
 	if !json.Valid(enc) {
 		return nil, fault.New(fault.InvalidArgument, "the %s is not valid JSON", what)
 	}
+	if err := fault.CheckJSON("the "+what, enc); err != nil {
+		return nil, err
+	}
 	if len(enc) > MaxPayload {
 		return nil, fault.New(fault.InvalidArgument, "the %s is %d bytes, over the limit of %d", what, len(enc), MaxPayload)
 	}
@@ -130,7 +135,10 @@ type StartOpts struct {
 // StartTx starts a workflow of kind with input in the caller's transaction and
 // returns its id: if tx rolls back, nothing was started. The kind must have
 // been recorded by a migrate or a worker start of a binary that registers it
-// (INVALID_ARGUMENT otherwise).
+// (INVALID_ARGUMENT otherwise). A bad kind or id (ValidateID), or an input
+// that does not encode as JSON jsonb stores (a string holding a NUL byte, say)
+// or is over MaxPayload, is INVALID_ARGUMENT before any statement is sent: tx
+// stays usable.
 //
 // StartTx knows the kind only by its name (this package keeps no registry of
 // definitions): it checks that the input is JSON, not that it decodes into the
@@ -315,7 +323,9 @@ FROM w`
 // transaction: if tx rolls back, nothing was sent. A signal the workflow does
 // not wait for yet waits in its inbox. Unknown workflow: NOT_FOUND; a name the
 // kind does not declare: INVALID_ARGUMENT; a finished (or cancelling) workflow: CONFLICT;
-// nothing written in each case.
+// nothing written in each case. A bad id, name, dedup key (not valid UTF-8, or
+// holding a NUL byte) or payload is INVALID_ARGUMENT before any statement is
+// sent: tx stays usable.
 func SignalTx(ctx context.Context, tx pgx.Tx, id, name string, payload any, opts *SignalOpts) (SignalResult, error) {
 	if err := ValidateID(id); err != nil {
 		return SignalResult{}, err
@@ -329,6 +339,9 @@ func SignalTx(ctx context.Context, tx pgx.Tx, id, name string, payload any, opts
 	}
 	var dedup any
 	if opts != nil && opts.DedupKey != "" {
+		if err := fault.CheckText("signal "+name+" to workflow "+id+": dedup key", opts.DedupKey); err != nil {
+			return SignalResult{}, err
+		}
 		dedup = opts.DedupKey
 	}
 	b := &pgx.Batch{}
@@ -381,9 +394,13 @@ const lockInfoSQL = `SELECT ` + infoColumns + ` FROM compute_workflows w WHERE w
 // running one is fenced by the seq), and each one's compensation step, if its
 // kind declares one, is scheduled to run once. Cancelling a cancelled (or
 // cancelling) workflow does nothing; a completed or failed one is CONFLICT; an
-// unknown one NOT_FOUND.
+// unknown one NOT_FOUND. A bad id or a reason that is not valid UTF-8 or holds
+// a NUL byte is INVALID_ARGUMENT before any statement is sent.
 func CancelTx(ctx context.Context, tx pgx.Tx, id, reason string) error {
 	if err := ValidateID(id); err != nil {
+		return err
+	}
+	if err := fault.CheckText("cancel of workflow "+id+": reason", reason); err != nil {
 		return err
 	}
 	if reason == "" {
