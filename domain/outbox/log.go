@@ -48,22 +48,29 @@ const (
 	MaxKeyLen   = 512
 )
 
+// payloadText is the payload's JSON text, checked: JSON (a raw payload is
+// used as it is) that jsonb stores (fault.CheckJSON).
 func (m Message) payloadText() (string, error) {
+	var b []byte
 	switch p := m.Payload.(type) {
 	case json.RawMessage:
-		if len(p) == 0 {
-			return "null", nil
-		}
-		return string(p), nil
+		b = p
 	case []byte:
-		if len(p) == 0 {
-			return "null", nil
+		b = p
+	default:
+		var err error
+		if b, err = json.Marshal(m.Payload); err != nil {
+			return "", fault.Wrap(fault.InvalidArgument, err, "event %s: payload does not marshal", m.Topic)
 		}
-		return string(p), nil
 	}
-	b, err := json.Marshal(m.Payload)
-	if err != nil {
-		return "", fault.Wrap(fault.InvalidArgument, err, "event %s: payload does not marshal", m.Topic)
+	if len(b) == 0 {
+		return "null", nil
+	}
+	if !json.Valid(b) {
+		return "", fault.New(fault.InvalidArgument, "event %s: payload is not JSON", m.Topic)
+	}
+	if err := fault.CheckJSON("event "+m.Topic+": payload", b); err != nil {
+		return "", err
 	}
 	return string(b), nil
 }
@@ -75,7 +82,10 @@ func (m Message) validate() error {
 	case len(m.Key) > MaxKeyLen:
 		return fault.New(fault.InvalidArgument, "event %s: key must be at most %d bytes, got %d", m.Topic, MaxKeyLen, len(m.Key))
 	}
-	return nil
+	if err := fault.CheckText("event topic", m.Topic); err != nil {
+		return err
+	}
+	return fault.CheckText("event "+m.Topic+": key", m.Key)
 }
 
 // appendOneSQL writes one event through compute_append_event (migration
@@ -104,8 +114,10 @@ SELECT t, k, p::jsonb, $4::text FROM unnest($1::text[], $2::text[], $3::text[]) 
 // The span of ctx, if sampled, is recorded as each event's cause (Event.Cause):
 // the delivery of the event is a span caused by it.
 //
-// It returns INVALID_ARGUMENT for an empty or long topic, a long key, or a
-// payload that is not JSON.
+// It returns INVALID_ARGUMENT for an empty or long topic, a long key, a topic
+// or key that is not valid UTF-8 or holds a NUL byte, or a payload that is not
+// JSON jsonb stores (a string holding a NUL byte, say), before any statement
+// is sent: tx stays usable.
 func AppendTx(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	switch len(msgs) {
 	case 0:
@@ -217,6 +229,11 @@ func read(ctx context.Context, db pg.DBTX, o ReadOptions, withHorizon bool) (bat
 	topics := o.Topics
 	if topics == nil {
 		topics = []string{}
+	}
+	for _, t := range topics {
+		if err := fault.CheckText("read events: topic", t); err != nil {
+			return batch{next: o.After}, err
+		}
 	}
 	sql := readSQL
 	if withHorizon {

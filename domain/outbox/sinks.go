@@ -26,6 +26,10 @@ func ValidateSinkName(name string) error {
 	return nil
 }
 
+// checkName is INVALID_ARGUMENT for a sink name an operator gave that is not
+// valid UTF-8 or holds a NUL byte: the statement would fail with it.
+func checkName(name string) error { return fault.CheckText("sink name", name) }
+
 // SinkLease is the name of sink name's lease in compute_leases.
 func SinkLease(name string) string { return "sink/" + name }
 
@@ -95,8 +99,12 @@ func ListSinks(ctx context.Context, db pg.DBTX) ([]Sink, error) {
 	return listSinks(ctx, db, nil)
 }
 
-// GetSink returns one sink's state; NOT_FOUND when there is no such sink.
+// GetSink returns one sink's state; NOT_FOUND when there is no such sink,
+// INVALID_ARGUMENT for a name that is not valid UTF-8 or holds a NUL byte.
 func GetSink(ctx context.Context, db pg.DBTX, name string) (Sink, error) {
+	if err := checkName(name); err != nil {
+		return Sink{}, err
+	}
 	ss, err := listSinks(ctx, db, &name)
 	if err != nil {
 		return Sink{}, err
@@ -155,17 +163,22 @@ func notFound(ctx context.Context, db pg.DBTX, name string) error {
 }
 
 // PauseSink pauses sink name: no new delivery starts until ResumeSink (a batch
-// in flight still completes). It returns NOT_FOUND for an unknown sink.
+// in flight still completes). It returns NOT_FOUND for an unknown sink, and
+// INVALID_ARGUMENT for a name that is not valid UTF-8 or holds a NUL byte.
 func PauseSink(ctx context.Context, db pg.DBTX, name string) error {
 	return setPaused(ctx, db, name, true)
 }
 
-// ResumeSink resumes a paused sink; NOT_FOUND for an unknown sink.
+// ResumeSink resumes a paused sink; NOT_FOUND for an unknown sink (and
+// INVALID_ARGUMENT for a bad name, as PauseSink).
 func ResumeSink(ctx context.Context, db pg.DBTX, name string) error {
 	return setPaused(ctx, db, name, false)
 }
 
 func setPaused(ctx context.Context, db pg.DBTX, name string, paused bool) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
 	tag, err := db.Exec(ctx, `UPDATE compute_sinks SET paused = $2, updated_at = compute_now() WHERE name = $1`, name, paused)
 	if err != nil {
 		return pg.Translate(fmt.Errorf("error updating sink %s: %w", name, err))
@@ -189,8 +202,11 @@ func setPaused(ctx context.Context, db pg.DBTX, name string, paused bool) error 
 // never refused.
 //
 // It returns NOT_FOUND for an unknown sink and INVALID_ARGUMENT for a reset to
-// a pruned position.
+// a pruned position or a name that is not valid UTF-8 or holds a NUL byte.
 func ResetSink(ctx context.Context, db pg.DBTX, name string, p Position) (Cursor, error) {
+	if err := checkName(name); err != nil {
+		return Cursor{}, err
+	}
 	var (
 		txid string
 		seq  int64
@@ -276,8 +292,12 @@ type SinkPosition struct {
 	ResetGen int64 // goes up at every ResetSink
 }
 
-// SinkCursor reads sink name's position; NOT_FOUND for an unknown sink.
+// SinkCursor reads sink name's position; NOT_FOUND for an unknown sink,
+// INVALID_ARGUMENT for a name that is not valid UTF-8 or holds a NUL byte.
 func SinkCursor(ctx context.Context, db pg.DBTX, name string) (SinkPosition, error) {
+	if err := checkName(name); err != nil {
+		return SinkPosition{}, err
+	}
 	var (
 		p    SinkPosition
 		txid string
