@@ -263,6 +263,9 @@ func ExpireHoldsTx(ctx context.Context, tx pgx.Tx, p *ExpireParams) (*ExpireResu
 	if p == nil || !validID(p.PoolID) || p.ReservationID < 0 {
 		return nil, fault.New(fault.InvalidArgument, "expire: a pool id is required")
 	}
+	if err := checkText("expire", "pool id", p.PoolID); err != nil {
+		return nil, err
+	}
 	limit := p.Limit
 	if limit <= 0 {
 		limit = 500

@@ -23,6 +23,9 @@ func CreatePool(ctx context.Context, db pg.DBTX, p *CreatePoolParams) error {
 	if p == nil || !validID(p.PoolID) {
 		return fault.New(fault.InvalidArgument, "a pool needs an id of 1 to 200 bytes")
 	}
+	if err := checkText("create pool", "pool id", p.PoolID); err != nil {
+		return err
+	}
 	_, err := db.Exec(ctx, `
 WITH p AS (INSERT INTO capacity_pools (id) VALUES ($1) RETURNING id)
 INSERT INTO capacity_pool_capacity_rollup (pool_id, stripe) SELECT id, s FROM p, generate_series(0, 7) AS s`, p.PoolID)
@@ -42,6 +45,9 @@ type AddNodeParams struct {
 func AddNode(ctx context.Context, db pg.DBTX, p *AddNodeParams) error {
 	if p == nil || !validID(p.PoolID) || !validID(p.NodeID) {
 		return fault.New(fault.InvalidArgument, "a node needs a pool id and a node id of 1 to 200 bytes")
+	}
+	if err := checkText("add node", "pool id", p.PoolID, "node id", p.NodeID); err != nil {
+		return err
 	}
 	state := p.State
 	if state == "" {
@@ -85,6 +91,9 @@ func AddDeviceTx(ctx context.Context, tx pgx.Tx, p *AddDeviceParams) error {
 	if p == nil || !validID(p.NodeID) || !validID(p.DeviceID) {
 		return fault.New(fault.InvalidArgument, "a device needs a node id and a device id of 1 to 200 bytes")
 	}
+	if err := checkText("add device", "node id", p.NodeID, "device id", p.DeviceID, "kind", p.Kind); err != nil {
+		return err
+	}
 	return pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 		var pool string
 		var state NodeState
@@ -126,6 +135,14 @@ func LinkDevices(ctx context.Context, db pg.DBTX, p *LinkDevicesParams) error {
 	if p == nil || !validID(p.PoolID) || !validID(p.LinkID) {
 		return fault.New(fault.InvalidArgument, "a link needs a pool id and a link id of 1 to 200 bytes")
 	}
+	if err := checkText("link devices", "pool id", p.PoolID, "link id", p.LinkID); err != nil {
+		return err
+	}
+	for _, d := range p.DeviceIDs {
+		if err := checkText("link devices", "device id", d); err != nil {
+			return err
+		}
+	}
 	devs := slices.Clone(p.DeviceIDs)
 	slices.Sort(devs)
 	if len(slices.Compact(devs)) < 2 {
@@ -151,6 +168,9 @@ type SetQuotaParams struct {
 func SetQuota(ctx context.Context, db pg.DBTX, p *SetQuotaParams) error {
 	if p == nil || !validID(p.Tenant) || !validID(p.PoolID) || p.Limit < 0 {
 		return fault.New(fault.InvalidArgument, "a quota needs a tenant, a pool and a limit >= 0")
+	}
+	if err := checkText("set quota", "tenant", p.Tenant, "pool id", p.PoolID); err != nil {
+		return err
 	}
 	_, err := db.Exec(ctx, `
 INSERT INTO capacity_quota_usage AS q (tenant, pool_id, quota_limit) VALUES ($1, $2, $3)
@@ -178,6 +198,9 @@ type SetNodeStateParams struct {
 func SetNodeStateTx(ctx context.Context, tx pgx.Tx, p *SetNodeStateParams) error {
 	if p == nil || !validID(p.NodeID) || !validNodeState(p.State) {
 		return fault.New(fault.InvalidArgument, "a node state change needs a node id and a state of active, draining or down")
+	}
+	if err := checkText("set node state", "node id", p.NodeID); err != nil {
+		return err
 	}
 	return pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 		var pool string
@@ -223,6 +246,19 @@ WHERE pool_id = $1 AND stripe = capacity_stripe($4)`, pool, sign, sign*devices, 
 }
 
 func validID(s string) bool { return s != "" && len(s) <= 200 }
+
+// checkText checks, for operation op, each pair of a field's name and its
+// value with fault.CheckText: an id that is not valid UTF-8 or holds a NUL byte
+// is INVALID_ARGUMENT before any statement is sent (the statement would fail,
+// and abort the caller's transaction).
+func checkText(op string, fields ...string) error {
+	for i := 0; i+1 < len(fields); i += 2 {
+		if err := fault.CheckText(op+": "+fields[i], fields[i+1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 func validNodeState(s NodeState) bool {
 	return s == NodeActive || s == NodeDraining || s == NodeDown

@@ -48,6 +48,9 @@ func ListFree(ctx context.Context, db pg.DBTX, p *ListFreeParams) ([]Device, err
 	if p == nil || !validID(p.PoolID) || p.Start.IsZero() || !p.End.After(p.Start) {
 		return nil, fault.New(fault.InvalidArgument, "list free: a pool id and a non-empty range are required")
 	}
+	if err := checkText("list free", "pool id", p.PoolID, "link id", p.LinkID); err != nil {
+		return nil, err
+	}
 	rows, err := db.Query(ctx, `
 SELECT d.id, d.node_id, d.pool_id, d.kind,
        ARRAY(SELECT l.link_id FROM capacity_device_links l WHERE l.device_id = d.id ORDER BY l.link_id) AS links
@@ -67,6 +70,9 @@ SELECT d.id, d.node_id, d.pool_id, d.kind,
 
 // Capacity returns a pool's capacity rollup, or NOT_FOUND.
 func Capacity(ctx context.Context, db pg.DBTX, poolID string) (*PoolCapacity, error) {
+	if err := checkText("capacity", "pool id", poolID); err != nil {
+		return nil, err
+	}
 	rows, err := db.Query(ctx, `
 SELECT pool_id, sum(nodes)::int AS nodes, sum(active_nodes)::int AS active_nodes, sum(devices)::int AS devices,
        sum(active_devices)::int AS active_devices, sum(holds)::int AS holds, sum(confirmed)::int AS confirmed
@@ -86,6 +92,9 @@ SELECT pool_id, sum(nodes)::int AS nodes, sum(active_nodes)::int AS active_nodes
 
 // Resources returns the resource counts of a pool's nodes, by node id.
 func Resources(ctx context.Context, db pg.DBTX, poolID string) ([]NodeResources, error) {
+	if err := checkText("resources", "pool id", poolID); err != nil {
+		return nil, err
+	}
 	rows, err := db.Query(ctx, `SELECT node_id, pool_id, devices, holds, confirmed FROM capacity_node_resources WHERE pool_id = $1 ORDER BY node_id`, poolID)
 	if err != nil {
 		return nil, translate(err, "nodes of pool %s", poolID)
@@ -99,6 +108,9 @@ func Resources(ctx context.Context, db pg.DBTX, poolID string) ([]NodeResources,
 
 // GetQuota returns a tenant's quota in a pool, or NOT_FOUND.
 func GetQuota(ctx context.Context, db pg.DBTX, tenant, poolID string) (*Quota, error) {
+	if err := checkText("get quota", "tenant", tenant, "pool id", poolID); err != nil {
+		return nil, err
+	}
 	rows, err := db.Query(ctx, `SELECT tenant, pool_id, quota_limit, used FROM capacity_quota_usage WHERE tenant = $1 AND pool_id = $2`, tenant, poolID)
 	if err != nil {
 		return nil, translate(err, "quota of %s in pool %s", tenant, poolID)

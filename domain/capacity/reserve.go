@@ -42,7 +42,7 @@ func (p *ReserveParams) validate() error {
 	case p.TTL <= 0:
 		return fault.New(fault.InvalidArgument, "reserve: the hold TTL %s is not positive", p.TTL)
 	}
-	return nil
+	return checkText("reserve", "pool id", p.PoolID, "tenant", p.Tenant)
 }
 
 // ReserveTx books p.Devices devices of a pool over [p.Start, p.End) for a
