@@ -93,6 +93,9 @@ func (p *ProposeParams) validate() ([]string, error) {
 	if p.Agent == "" || len(p.Agent) > 200 {
 		return nil, fault.New(fault.InvalidArgument, "propose: the agent must be named (1 to 200 bytes)")
 	}
+	if err := fault.CheckText("propose: agent", p.Agent); err != nil {
+		return nil, err
+	}
 	if len(p.Items) > MaxItems {
 		return nil, fault.New(fault.InvalidArgument, "propose: %d items: at most %d", len(p.Items), MaxItems)
 	}
@@ -103,6 +106,9 @@ func (p *ProposeParams) validate() ([]string, error) {
 	for _, v := range p.Voters {
 		if v == "" || len(v) > 200 {
 			return nil, fault.New(fault.InvalidArgument, "propose: voter %q: want 1 to 200 bytes", v)
+		}
+		if err := fault.CheckText("propose: voter", v); err != nil {
+			return nil, err
 		}
 		if seen[v] {
 			return nil, fault.New(fault.InvalidArgument, "propose: voter %q is listed twice", v)
@@ -121,6 +127,9 @@ func (p *ProposeParams) validate() ([]string, error) {
 		if err != nil {
 			return nil, fault.Wrap(fault.InvalidArgument, err, "propose: item %d does not marshal to JSON", i)
 		}
+		if err := fault.CheckJSON(fmt.Sprintf("propose: item %d", i), b); err != nil {
+			return nil, err
+		}
 		items[i] = string(b)
 	}
 	return items, nil
@@ -129,7 +138,9 @@ func (p *ProposeParams) validate() ([]string, error) {
 // ProposeTx proposes a batch in the caller's transaction and, in the same
 // transaction, schedules its expiry job (jobs.QuorumExpiry) for the deadline. It
 // returns INVALID_ARGUMENT for bad parameters, including a deadline that is not
-// later than compute_now().
+// later than compute_now(); an agent or voter that is not valid UTF-8 or holds a
+// NUL byte, or an item whose JSON jsonb refuses (a string holding a NUL byte),
+// is refused before any statement is sent: tx stays usable.
 func ProposeTx(ctx context.Context, tx pgx.Tx, p *ProposeParams) (*Batch, error) {
 	items, err := p.validate()
 	if err != nil {
@@ -202,10 +213,17 @@ type VoteResult struct {
 // rejects it. A refused vote changes nothing: it returns NOT_FOUND for an
 // unknown batch, INVALID_ARGUMENT for a voter who is not eligible, and CONFLICT
 // for a second vote, a closed batch, or a deadline that has passed by
-// compute_now().
+// compute_now(). A voter or reason that is not valid UTF-8 or holds a NUL byte
+// is INVALID_ARGUMENT before any statement is sent: tx stays usable.
 func VoteTx(ctx context.Context, tx pgx.Tx, p *VoteParams) (*VoteResult, error) {
 	if p == nil || p.BatchID <= 0 || p.Voter == "" || len(p.Voter) > 200 || len(p.Reason) > 2000 {
 		return nil, fault.New(fault.InvalidArgument, "vote: a batch id and a voter are required (reason at most 2,000 bytes)")
+	}
+	if err := fault.CheckText("vote: voter", p.Voter); err != nil {
+		return nil, err
+	}
+	if err := fault.CheckText("vote: reason", p.Reason); err != nil {
+		return nil, err
 	}
 	// The lock: every vote and the expiry take it, so what follows reads the
 	// batch, its votes and the clock as they are now.
