@@ -385,7 +385,7 @@ func Backoff(attempts int) time.Duration {
 // TruncateError returns the first MaxErrorLen characters of msg, as valid UTF-8
 // without NUL bytes (PostgreSQL text refuses both).
 func TruncateError(msg string) string {
-	msg = strings.ReplaceAll(strings.ToValidUTF8(msg, "\uFFFD"), "\x00", "")
+	msg = fault.CleanText(msg)
 	if utf8.RuneCountInString(msg) <= MaxErrorLen {
 		return msg
 	}

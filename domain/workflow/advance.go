@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -437,7 +436,7 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, i *Info, t Transition) (int64, er
 // refusing it would leave the failure unrecorded), cut to n bytes at a
 // character's start.
 func errorText(s string, n int) string {
-	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "")
+	s = fault.CleanText(s)
 	if len(s) <= n {
 		return s
 	}

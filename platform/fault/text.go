@@ -25,6 +25,17 @@ func CheckText(field, s string) error {
 	return New(InvalidArgument, "%s %s %s (PostgreSQL text takes neither)", field, quoted(s), why)
 }
 
+// CleanText is s as text PostgreSQL stores: invalid UTF-8 replaced by U+FFFD
+// and NUL bytes dropped. It is for text that is recorded rather than refused,
+// such as an error's message (a failure whose text the database refused would
+// not be recorded at all); an argument is checked with CheckText instead.
+func CleanText(s string) string {
+	if utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "")
+}
+
 // CheckJSON returns INVALID_ARGUMENT naming field when b, valid JSON, is JSON
 // that encoding/json accepts and PostgreSQL's jsonb refuses (SQLSTATE 22P05 or
 // 22021, which abort the caller's transaction): bytes that are not valid UTF-8,

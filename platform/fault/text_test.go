@@ -55,3 +55,19 @@ func TestCheckJSON(t *testing.T) {
 		require.True(t, strings.HasPrefix(err.Error(), "INVALID_ARGUMENT: the payload of event order.paid "), err.Error())
 	}
 }
+
+// TestCleanText: text PostgreSQL stores is kept as it is; invalid UTF-8 is
+// replaced by U+FFFD and NUL bytes are dropped, so CheckText takes the result.
+func TestCleanText(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"":                  "",
+		"card declined é":   "card declined é",
+		"card \x00declined": "card declined",
+		"caf\xe9 \xff\x00!": "caf\uFFFD \uFFFD!",
+	} {
+		got := fault.CleanText(in)
+		require.Equal(t, want, got, "%q", in)
+		require.NoError(t, fault.CheckText("cleaned", got))
+	}
+}
