@@ -310,6 +310,8 @@ func (outcomeArgs) Kind() string { return "test_outcome" }
 //	invalid       return INVALID_ARGUMENT
 //	fenced_once   return FENCED the first time, then complete
 //	fail_once     return a plain error the first time, then complete
+//	bad_text_once fail_once, with a NUL byte and invalid UTF-8 in the error
+//	bad_text_cancel  river.JobCancel of an error with a NUL byte
 type outcomeWorker struct {
 	river.WorkerDefaults[outcomeArgs]
 	mu     sync.Mutex
@@ -366,6 +368,12 @@ func (w *outcomeWorker) Work(ctx context.Context, job *river.Job[outcomeArgs]) e
 		if n == 1 {
 			return errors.New("a transient failure")
 		}
+	case "bad_text_once":
+		if n == 1 {
+			return errors.New("card \x00declined \xff")
+		}
+	case "bad_text_cancel":
+		return river.JobCancel(errors.New("card \x00declined for good"))
 	}
 	return workers.InTx(ctx, job, write)
 }
@@ -446,6 +454,38 @@ func TestInTxRefusesAJobNoLongerRunning(t *testing.T) {
 	require.Equal(t, fault.Fenced, fault.CodeOf(err), "completion found the job cancelled: %v", err)
 	require.Contains(t, err.Error(), "completion found it cancelled")
 	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM outcome_writes WHERE job_id = $1`, id), "the transaction was rolled back")
+}
+
+// TestErrorsWithBadTextAreRecorded: an error whose message holds a NUL byte
+// or invalid UTF-8 (which River's jsonb errors column refuses: River's
+// completer then failed its whole batch of completions and gave up, leaving
+// the jobs running) is recorded with those bytes dropped or replaced, and the
+// job goes on as any other error's: retried, or cancelled by the worker.
+func TestErrorsWithBadTextAreRecorded(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	w := newOutcomeWorker()
+	startOutcome(t, db, w)
+	retried := insertOutcome(t, db, outcomeArgs{Mode: "bad_text_once"}, nil)
+	cancelled := insertOutcome(t, db, outcomeArgs{Mode: "bad_text_cancel"}, nil)
+	read := func(id int64) (state string, attempt int, lastErr string) {
+		require.NoError(t, db.QueryRow(context.Background(), `SELECT state::text, attempt,
+				coalesce(errors[array_length(errors, 1)]->>'error', '') FROM river_job WHERE id = $1`, id).
+			Scan(&state, &attempt, &lastErr))
+		return state, attempt, lastErr
+	}
+	for id, want := range map[int64]string{retried: "completed", cancelled: "cancelled"} {
+		workertest.WaitFor(t, 60*time.Second, fmt.Sprintf("job %d %s", id, want), func() bool {
+			state, _, _ := read(id)
+			return state == want
+		})
+	}
+	_, attempt, lastErr := read(retried)
+	require.Equal(t, 2, attempt, "retried once")
+	require.Contains(t, lastErr, "card declined \uFFFD")
+	_, attempt, lastErr = read(cancelled)
+	require.Equal(t, 1, attempt)
+	require.Contains(t, lastErr, "card declined for good")
 }
 
 // TestErrorsBecomeRiverOutcomes: the one mapping of errors to River outcomes, as

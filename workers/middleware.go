@@ -140,8 +140,16 @@ func (rt *Runtime) outcome(job *rivertype.JobRow, err error) error {
 		snoozeErr *rivertype.JobSnoozeError
 	)
 	switch {
-	case errors.As(err, &cancelErr), errors.As(err, &snoozeErr):
+	case errors.As(err, &snoozeErr):
 		return err // the worker decided
+	case errors.As(err, &cancelErr):
+		// The worker decided; River records the cause, redacted and storable.
+		if cause := errors.Unwrap(cancelErr); cause != nil {
+			if clean := rt.redactErr(cause); clean.Error() != cause.Error() {
+				return river.JobCancel(clean)
+			}
+		}
+		return err
 	case errors.As(err, &syntaxErr), errors.As(err, &typeErr):
 		rt.log.Error().Err(err).Int64("job_id", job.ID).Str("kind", job.Kind).Msg("job args do not decode: cancelled")
 		return river.JobCancel(fault.Wrap(fault.InvalidArgument, rt.redactErr(err), "job args do not decode"))
@@ -155,12 +163,14 @@ func (rt *Runtime) outcome(job *rivertype.JobRow, err error) error {
 	return rt.redactErr(err)
 }
 
-// redactErr returns err with every configured secret removed from its message.
-// The result keeps err's code for logging but not its chain (the chain would
-// carry the secret).
+// redactErr returns err with every configured secret removed from its message,
+// and the message storable (fault.CleanText): River records it in river_job's
+// jsonb errors, and one NUL byte in it would fail River's whole batch of
+// completions, leaving the jobs running. The result keeps err's code for
+// logging but not its chain (the chain would carry the secret).
 func (rt *Runtime) redactErr(err error) error {
 	msg := err.Error()
-	clean := msg
+	clean := fault.CleanText(msg)
 	for _, s := range rt.o.Secrets {
 		if s != "" {
 			clean = strings.ReplaceAll(clean, s, "xxxxx")
