@@ -113,9 +113,17 @@ func progressSQL(where string) string {
 FROM (` + jobs.BackfillProgressSQL + where + `) p`
 }
 
+// checkName is INVALID_ARGUMENT for a backfill name an operator gave that is
+// not valid UTF-8 or holds a NUL byte: the statement would fail with it.
+func checkName(name string) error { return fault.CheckText("backfill name", name) }
+
 // Get returns the progress of the backfill name: NOT_FOUND if it was never
-// started.
+// started, INVALID_ARGUMENT for a name that is not valid UTF-8 or holds a NUL
+// byte.
 func Get(ctx context.Context, db pg.DBTX, name string) (*Progress, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	rows, err := db.Query(ctx, progressSQL(` WHERE b.name = $1`), name)
 	if err != nil {
 		return nil, pg.Translate(fmt.Errorf("error reading backfill %s: %w", name, err))
@@ -242,8 +250,12 @@ WHERE name = $1`, b.Name, epoch, estimate, jobID)
 // whose batch job is dead (discarded after its last attempt, or cancelled or
 // deleted by an operator). It returns CONFLICT for a running backfill whose job
 // is alive and for one that is not paused or running, NOT_FOUND for one never
-// started.
+// started, INVALID_ARGUMENT for a name that is not valid UTF-8 or holds a NUL
+// byte (as Pause and Cancel).
 func Resume(ctx context.Context, db pg.DBTX, name string) (*Progress, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	var out *Progress
 	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		p, err := lockRow(ctx, tx, name, false)
@@ -297,6 +309,9 @@ func Cancel(ctx context.Context, db pg.DBTX, name string) (*Progress, error) {
 }
 
 func stop(ctx context.Context, db pg.DBTX, name string, to State) (*Progress, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	var out *Progress
 	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		p, err := lockRow(ctx, tx, name, false)

@@ -352,7 +352,7 @@ func (w *worker) recordError(ctx context.Context, job *river.Job[jobs.Backfill],
 	if rt == nil {
 		return
 	}
-	msg := jobErr.Error()
+	msg := fault.CleanText(jobErr.Error()) // a batch's error may hold bytes text refuses
 	for _, s := range rt.Options().Secrets {
 		if s != "" {
 			msg = strings.ReplaceAll(msg, s, "xxxxx")
