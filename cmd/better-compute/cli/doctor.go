@@ -103,9 +103,32 @@ func doctorErr(checks []Check) error {
 // report collects doctor's checks.
 type report struct{ checks []Check }
 
-// add appends a check whose detail is format, collapsed to one line.
+// add appends a check whose detail is format, as one line (detailLine).
 func (r *report) add(name string, ok bool, format string, args ...any) {
-	r.checks = append(r.checks, Check{Name: name, OK: ok, Detail: oneLine(fmt.Sprintf(format, args...), 0)})
+	r.checks = append(r.checks, Check{Name: name, OK: ok, Detail: detailLine(fmt.Sprintf(format, args...))})
+}
+
+// detailLine is s as one line of doctor's report: its lines joined with "; "
+// (with a space after a line that ends in ':', which introduces the next), and
+// every other run of white space one space. A driver's error lists each
+// address it tried on a line of its own (localhost's ::1 and 127.0.0.1, each
+// host of a multi-host URL); joined by a bare space they ran together.
+func detailLine(s string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(s, "\n") {
+		if l = oneLine(l, 0); l == "" {
+			continue
+		}
+		if b.Len() > 0 {
+			if strings.HasSuffix(b.String(), ":") {
+				b.WriteString(" ")
+			} else {
+				b.WriteString("; ")
+			}
+		}
+		b.WriteString(l)
+	}
+	return b.String()
 }
 
 // fail appends a failed check caused by err: its detail is the prefix (if any)
@@ -115,7 +138,7 @@ func (r *report) fail(name string, err error, prefix string, args ...any) {
 	if prefix != "" {
 		msg = fmt.Sprintf(prefix, args...) + ": " + msg
 	}
-	r.checks = append(r.checks, Check{Name: name, Detail: oneLine(msg, 0), Code: code})
+	r.checks = append(r.checks, Check{Name: name, Detail: detailLine(msg), Code: code})
 }
 
 // errParts is err's fault code (after pg.Translate) and its message without the

@@ -231,6 +231,31 @@ func TestDoctorSaysWhatFailedToConnect(t *testing.T) {
 	requireErrLine(t, r, `^INVALID_ARGUMENT: doctor: --max-xact-age must be positive`)
 }
 
+// TestDoctorReportIsOneLinePerCheck: a driver error that lists several
+// addresses tried (here the two hosts of a multi-host URL, both refusing; a
+// localhost that resolves to ::1 and 127.0.0.1 does the same) is one line of
+// the report, each attempt separated by "; " rather than run into the next,
+// and so is the command's error line.
+func TestDoctorReportIsOneLinePerCheck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	port := refusedPort(t)
+	url := fmt.Sprintf("postgres://bob@127.0.0.1:%[1]d,127.0.0.2:%[1]d/db?connect_timeout=5", port)
+
+	r := clitest.Run(t, ctx, cli.App{}, []string{"BETTER_COMPUTE_DATABASE_URL=" + url}, "doctor")
+	lines := strings.Split(strings.TrimSuffix(r.Stdout, "\n"), "\n")
+	for _, l := range lines {
+		require.Regexp(t, `^(OK  |FAIL) \S+\s+\S`, l, "every line of the report is a check's")
+	}
+	require.Len(t, lines, 1, r.Stdout)
+	attempt := func(host string) string {
+		return regexp.QuoteMeta(fmt.Sprintf("%s:%d (%s): dial error: dial tcp %s:%d: connect: connection refused", host, port, host, host, port))
+	}
+	both := "`: " + attempt("127.0.0.1") + "; (" + attempt("127.0.0.1") + "; )?" + attempt("127.0.0.2")
+	require.Regexp(t, `^FAIL connect\s+cannot reach the database: failed to connect to .*`+both, lines[0])
+	requireErrLine(t, r, `^UNAVAILABLE: doctor: connect failed: .*`+both)
+}
+
 func TestDoctorFailsOnATamperedLedger(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
