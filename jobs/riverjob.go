@@ -620,9 +620,11 @@ SELECT w.seq, w.job_id FROM w`, fmt.Sprintf(workflowJobInsert, "$14::int", "$11:
 
 // WakeWorkflowJobSQL makes the waiting job of workflow $1 available at $3
 // (River's clock: now), when the workflow is waiting and (with $2 not NULL)
-// waits for signal $2: a
-// signal's wake-up. The instance row must be locked by the caller's
-// transaction first, so that the job it names is the committed one.
+// waits for signal $2: a signal's wake-up. The caller's transaction must hold
+// the instance row (FOR KEY SHARE at least) since a statement before this one,
+// so that the wait and the job it reads are committed ones, and a wait that
+// commits later waits for the caller's transaction (the barrier of
+// migrations/workflow/0003_signal_barrier.sql) and wakes its job itself.
 const WakeWorkflowJobSQL = `
 UPDATE river_job j SET state = 'available', scheduled_at = $3::timestamptz
 FROM compute_workflows w

@@ -23,7 +23,9 @@ import (
 
 // LockTx locks workflow id's row in tx at seq and returns it, or nil when its
 // seq is no longer seq (the job is stale: another step committed, or a cancel)
-// or the workflow is gone (pruned).
+// or the workflow is gone (pruned). The lock is FOR NO KEY UPDATE: it excludes
+// every other transaction that moves the instance, and no signal (see
+// SignalTx): a step may hold it as long as it runs.
 func LockTx(ctx context.Context, tx pgx.Tx, id string, seq int64) (*Info, error) {
 	i, err := scanInfo(tx.QueryRow(ctx, lockInfoSQL, id))
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -334,25 +336,12 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, i *Info, t Transition) (int64, er
 	if t.Error != "" {
 		errText = errorText(t.Error, 4000)
 	}
-	if t.Job && t.Wait != nil && t.Wait.Signal != "" && time.Until(t.RunAt) > 0 {
-		// A signal already in the inbox (sent before this wait) resumes it at
-		// once. The instance is locked, so no signal commits unseen between
-		// this read and the commit: SignalTx waits for the lock, then sees the
-		// wait and wakes its job.
-		var consumed int64
-		if t.ConsumeSignal != nil {
-			consumed = t.ConsumeSignal.id
-		}
-		var waiting bool
-		err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM compute_workflow_signals
-			WHERE workflow_id = $1 AND name = $2 AND consumed_at IS NULL AND id <> $3)`, i.ID, t.Wait.Signal, consumed).Scan(&waiting)
-		if err != nil {
-			return 0, pg.Translate(fmt.Errorf("error reading the inbox of workflow %s: %w", i.ID, err))
-		}
-		if waiting {
-			t.RunAt = time.Now()
-		}
-	}
+	// A signal wait's job is scheduled for the deadline (or an hour) even when
+	// a signal is in the inbox already: the COMMIT's barrier (migrations/
+	// workflow/0003_signal_barrier.sql) waits for the signals in flight, then
+	// makes the job due if one the wait names is there. Read here, under the
+	// row's FOR NO KEY UPDATE, the inbox could miss a signal committing
+	// beside this transaction: signals do not wait for the lock.
 	jobState := "available"
 	if time.Until(t.RunAt) > jobs.ScheduledAfter {
 		jobState = "scheduled"

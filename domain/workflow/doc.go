@@ -39,9 +39,10 @@
 //     paused process that wakes commits nothing: its job completes as a no-op.
 //   - Three fences before any write: the shard lease (FOR KEY SHARE, this
 //     process's epoch), the job's attempt (its river_job row FOR UPDATE,
-//     running), and the instance's seq (compare-and-set on its row, FOR
-//     UPDATE). All three are checked in the step's transaction, so at most one
-//     commit per seq, ever.
+//     running), and the instance's seq (compare-and-set on its row, FOR NO
+//     KEY UPDATE: every transaction that moves an instance takes that lock,
+//     so they serialize). All three are checked in the step's transaction, so
+//     at most one commit per seq, ever.
 //   - A transactional step's domain writes, the new state, the history row,
 //     the consumed signal, the started children and the next step's River job
 //     commit together, exactly once, or not at all.
@@ -54,15 +55,25 @@
 //     compute_now(). Every worker process wakes the jobs whose wake_at has come
 //     on compute_now() once a second, so a sim clock moved 3 days forward ends
 //     a 3-day sleep at once.
-//   - Signals are never lost: SignalTx stores the signal in the workflow's
-//     inbox, in the sender's transaction, and wakes the waiting job only when
-//     the workflow waits for that name. It locks the instance row first, so a
-//     step committing a wait and a signal committing beside it serialize: the
-//     step sees the signal in its inbox, or the signal sees the wait and its
-//     job. A signal and its await's timeout are decided in one fenced
-//     transaction holding the instance lock: exactly one wins, and a signal
-//     that lost stays in the inbox for a later await. A dedup key makes a
-//     repeated signal count once.
+//   - Signals never wait for a step, and are never lost: SignalTx stores the
+//     signal in the workflow's inbox, in the sender's transaction, holding
+//     the instance row FOR KEY SHARE only, which a step's FOR NO KEY UPDATE
+//     does not conflict with: a step in progress, even in a process paused
+//     mid-transaction, holds no signal up. It wakes the waiting job when the
+//     workflow waits for that name. A transaction that commits a signal wait
+//     (or finishes the workflow) runs a barrier inside its COMMIT, on the
+//     server (migrations/workflow/0003_signal_barrier.sql): it takes the row
+//     FOR UPDATE, so it waits for the signals in flight, then reads the inbox
+//     and makes the waiting job due if a signal it names is there. A signal
+//     whose lock comes after the barrier's waits for that COMMIT (no client
+//     round trip) and then sees the wait and wakes the job. So in any
+//     interleaving one sees the other: a committed signal resumes the next
+//     await at once, never at a timeout. A signal accepted while a step
+//     finishes the workflow commits before the finish (and stays unconsumed);
+//     after the finish it is CONFLICT. A signal and its await's timeout are
+//     decided in one fenced transaction holding the instance lock: exactly one
+//     wins, and a signal that lost stays in the inbox for a later await. A
+//     dedup key makes a repeated signal count once.
 //   - A child's finish wakes its parent's waiting job when the parent's
 //     condition (any or all of the children of that fan-out) holds; the child
 //     locks its parent's row first, so the last child to finish sees every

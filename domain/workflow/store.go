@@ -297,17 +297,28 @@ type SignalResult struct {
 	Duplicate bool
 }
 
-// signalSQL locks the instance (so a step committing a wait and this signal
-// serialize), checks the name against the kind's recorded signals, and stores
-// the signal unless its dedup key was seen: $1 id, $2 name, $3 payload, $4
-// dedup key, $5 the sender's cause (a traceparent or NULL). Its row: status,
-// known name, signal id (NULL for a duplicate or a refusal), and whether the
-// dedup key was seen before.
+// signalSQL reads the instance's status and takes its row FOR KEY SHARE,
+// checks the name against the kind's recorded signals, and stores the signal
+// unless its dedup key was seen: $1 id, $2 name, $3 payload, $4 dedup key, $5
+// the sender's cause (a traceparent or NULL). Its row: status, known name,
+// signal id (NULL for a duplicate or a refusal), and whether the dedup key was
+// seen before.
+//
+// FOR KEY SHARE, not a stronger mode: a step holds the row FOR NO KEY UPDATE
+// for its whole transaction (LockTx), which FOR KEY SHARE does not conflict
+// with, so a signal never waits for a step in progress, not even one whose
+// process is paused mid-transaction. What the lock does do is make the COMMIT
+// of a step that waits for a signal, or that finishes the workflow, wait for
+// this transaction: that COMMIT takes the row FOR UPDATE first (the barrier of
+// migrations/workflow/0003_signal_barrier.sql), then reads the inbox. Under
+// the lock the row read is the latest committed version: a finish or a
+// compensation committed before, or during a wait for the barrier, shows as
+// its status (CONFLICT).
 const signalSQL = `
 WITH w AS (
     SELECT w.id, w.status, k.signals FROM compute_workflows w
     LEFT JOIN compute_workflow_kinds k ON k.kind = w.kind
-    WHERE w.id = $1 FOR NO KEY UPDATE OF w
+    WHERE w.id = $1 FOR KEY SHARE OF w
 ), s AS (
     INSERT INTO compute_workflow_signals (workflow_id, name, payload, dedup_key, cause)
     SELECT w.id, $2, $3::jsonb, $4, $5::text FROM w
@@ -326,6 +337,15 @@ FROM w`
 // nothing written in each case. A bad id, name, dedup key (not valid UTF-8, or
 // holding a NUL byte) or payload is INVALID_ARGUMENT before any statement is
 // sent: tx stays usable.
+//
+// It does not wait for a step of the workflow in progress (see signalSQL): a
+// signal sent during a step is stored at once, and the workflow's next await
+// sees it, whatever the order of the two commits. A step that commits a wait,
+// or finishes the workflow, waits instead for the signals in flight: keep the
+// transaction short after SignalTx. A signal accepted while the workflow was
+// still running is in its inbox even if the workflow then finishes without
+// awaiting it again (it is never consumed, and is pruned with the workflow);
+// one sent after the finish committed is CONFLICT.
 func SignalTx(ctx context.Context, tx pgx.Tx, id, name string, payload any, opts *SignalOpts) (SignalResult, error) {
 	if err := ValidateID(id); err != nil {
 		return SignalResult{}, err
@@ -346,8 +366,10 @@ func SignalTx(ctx context.Context, tx pgx.Tx, id, name string, payload any, opts
 	}
 	b := &pgx.Batch{}
 	b.Queue(signalSQL, id, name, string(enc), dedup, tracing.CauseOrNil(ctx))
-	// A second statement, so that it sees the job a step committed while this
-	// transaction waited for the instance's lock.
+	// A second statement, with a snapshot taken after the lock: it sees the
+	// wait and the job of a step whose COMMIT this transaction's lock waited
+	// for. A wait committing after it waits for this transaction instead, and
+	// wakes its own job (see signalSQL).
 	b.Queue(jobs.WakeWorkflowJobSQL, id, name, time.Now())
 	res := tx.SendBatch(ctx, b)
 	var (
@@ -386,8 +408,12 @@ func SignalTx(ctx context.Context, tx pgx.Tx, id, name string, payload any, opts
 	return SignalResult{ID: *sigID}, nil
 }
 
-// lockInfoSQL locks the instance row and reads it: $1 id.
-const lockInfoSQL = `SELECT ` + infoColumns + ` FROM compute_workflows w WHERE w.id = $1 FOR UPDATE`
+// lockInfoSQL locks the instance row and reads it: $1 id. FOR NO KEY UPDATE
+// serializes every transaction that moves the instance (steps, re-arms,
+// cancels, retries, a child waking its parent) and lets signals through
+// (FOR KEY SHARE): nothing here changes the row's key, and no FOR UPDATE is
+// held across a round trip of the client (see signalSQL).
+const lockInfoSQL = `SELECT ` + infoColumns + ` FROM compute_workflows w WHERE w.id = $1 FOR NO KEY UPDATE`
 
 // CancelTx cancels workflow id and its unfinished descendants in the caller's
 // transaction, with reason: their outstanding step jobs are cancelled (a
@@ -428,7 +454,7 @@ WITH RECURSIVE t AS (
 )
 SELECT `+infoColumns+` FROM compute_workflows w JOIN t ON t.id = w.id
 WHERE w.finished_at IS NULL AND w.status <> 'cancelling'
-ORDER BY t.depth, w.id FOR UPDATE OF w`, id)
+ORDER BY t.depth, w.id FOR NO KEY UPDATE OF w`, id)
 	if err != nil {
 		return pg.Translate(fmt.Errorf("error cancelling the children of workflow %s: %w", id, err))
 	}

@@ -102,8 +102,13 @@ type env struct {
 
 func start(t *testing.T, defs ...workflow.Definition) *env {
 	t.Helper()
+	return startOn(t, pgtest.New(t), defs...)
+}
+
+// startOn is start on the database db.
+func startOn(t *testing.T, db *pgtest.DB, defs ...workflow.Definition) *env {
+	t.Helper()
 	ctx := context.Background()
-	db := pgtest.New(t)
 	db.MustExec(t, effectsDDL)
 	require.NoError(t, clock.UseSim(ctx, db.Pool, t0))
 	reg := workers.NewRegistry()
