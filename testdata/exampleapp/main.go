@@ -14,6 +14,11 @@
 // PaymentTimeout, before it charges, and releases its reservation if none
 // comes. Tests kill -9 and pause its worker processes mid-step and count the
 // effect rows: each is written exactly once.
+//
+// Tally is a second workflow, of kind example_tally: it awaits the signal
+// "add" again and again until it has consumed N of them. Its first step,
+// open, can hold its transaction open (EXAMPLE_TALLY_HOLD), so tests can pause
+// a worker inside it and signal the workflow meanwhile.
 package main
 
 import (
@@ -55,6 +60,7 @@ func Module() cli.Module {
 			return errors.Join(
 				workers.AddWorker(r, &taskWorker{}),
 				workflowworker.Add(r, Order),
+				workflowworker.Add(r, Tally),
 				workers.AddReconciler(r, workers.Reconciler{
 					Kind:      "example_item",
 					Reconcile: reconcile,
@@ -259,4 +265,56 @@ func StartOrderTx(ctx context.Context, tx pgx.Tx, id string, in OrderInput) erro
 func PayTx(ctx context.Context, tx pgx.Tx, id, key string, amount int64) error {
 	_, err := workflow.SignalTx(ctx, tx, id, "paid", Payment{Amount: amount}, &workflow.SignalOpts{DedupKey: key})
 	return err
+}
+
+// TallyInput starts a tally: it consumes N signals "add".
+type TallyInput struct {
+	N int `json:"n"`
+}
+
+// TallyState is a tally's saved state, and its result.
+type TallyState struct {
+	N   int   `json:"n"`
+	Got int   `json:"got"`
+	Sum int64 `json:"sum"`
+}
+
+// Tally is the example's second workflow, of kind example_tally: open, then
+// add once per signal "add" (its payload a Payment, summed) until N have come.
+// open writes its row of example_workflow_effects and, with EXAMPLE_TALLY_HOLD
+// set (a duration), then holds its transaction open that long.
+var Tally = &workflow.Workflow[TallyInput, TallyState, TallyState]{
+	Kind: "example_tally",
+	Init: func(in TallyInput) (TallyState, error) { return TallyState{N: in.N}, nil },
+	Steps: []workflow.Step[TallyState]{
+		{Name: "open", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[TallyState]) (workflow.Next, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO example_workflow_effects (workflow_id, step, worker) VALUES ($1, $2, $3)
+				ON CONFLICT (workflow_id, step) DO UPDATE SET n = example_workflow_effects.n + 1,
+				    worker = EXCLUDED.worker, written_at = clock_timestamp()`, c.WorkflowID, c.Step, strconv.Itoa(os.Getpid()))
+			if err != nil {
+				return workflow.Next{}, err
+			}
+			if d, err := time.ParseDuration(os.Getenv("EXAMPLE_TALLY_HOLD")); err == nil && d > 0 {
+				select {
+				case <-time.After(d):
+				case <-ctx.Done():
+					return workflow.Next{}, ctx.Err()
+				}
+			}
+			return workflow.AwaitSignal("add", 0, "add", ""), nil
+		}},
+		{Name: "add", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[TallyState]) (workflow.Next, error) {
+			var p Payment
+			if err := c.Signal.Decode(&p); err != nil {
+				return workflow.Next{}, err
+			}
+			c.State.Got++
+			c.State.Sum += p.Amount
+			if c.State.Got >= c.State.N {
+				return workflow.Finish(c.State), nil
+			}
+			return workflow.AwaitSignal("add", 0, "add", ""), nil
+		}},
+	},
+	Signals: []string{"add"},
 }
