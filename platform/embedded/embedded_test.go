@@ -507,12 +507,12 @@ func TestErrors(t *testing.T) {
 		_, err := embedded.FindBin(bogus)
 		require.Equal(t, fault.InvalidConfig, fault.CodeOf(err))
 		require.Contains(t, err.Error(), bogus)
-		require.Contains(t, err.Error(), "apt-get install postgresql")
+		require.Contains(t, err.Error(), "apt-get install -y postgresql")
 
 		dir := filepath.Join(sharedDir(t), "pg")
 		_, err = embedded.Start(ctx, embedded.Options{Dir: dir, BinDir: bogus})
 		require.Equal(t, fault.InvalidConfig, fault.CodeOf(err))
-		require.Contains(t, err.Error(), "apt-get install postgresql")
+		require.Contains(t, err.Error(), "apt-get install -y postgresql")
 		require.NoDirExists(t, dir, "nothing is created")
 	})
 	t.Run("found", func(t *testing.T) {
@@ -545,5 +545,5 @@ func TestFindBinFromTheEnvironment(t *testing.T) {
 	_, err := embedded.FindBin("")
 	require.Equal(t, fault.InvalidConfig, fault.CodeOf(err))
 	require.Contains(t, err.Error(), "BETTER_COMPUTE_PG_BIN="+bogus)
-	require.Contains(t, err.Error(), "apt-get install postgresql")
+	require.Contains(t, err.Error(), "apt-get install -y postgresql")
 }

@@ -206,8 +206,12 @@ func (f Finder) Find(t Tool) (string, error) {
 // Missing is the error for t not found: INVALID_CONFIG, one line that names
 // it, what needs it and the command that installs it.
 func Missing(t Tool) error {
-	return fault.New(fault.InvalidConfig, "%s is not installed (%s need it): install it with `%s`",
-		t.Name, t.For, InstallCommand(os.Geteuid() != 0, t))
+	or := ""
+	if t.Env != "" && t != PostgreSQL {
+		or = ", or set " + t.Env + " to one"
+	}
+	return fault.New(fault.InvalidConfig, "%s is not installed (%s need it): install it with `%s`%s",
+		t.Name, t.For, InstallCommand(os.Geteuid() != 0, t), or)
 }
 
 // Packages are the packages that install tools, each once, in order.

@@ -145,7 +145,7 @@ func TestNoBrowserSaysHowToInstallOne(t *testing.T) {
 	t.Setenv(EnvChromium, "")
 	t.Setenv("PATH", t.TempDir())
 	_, err := Find()
-	if err == nil || !strings.Contains(err.Error(), "apt-get install chromium") || !strings.Contains(err.Error(), EnvChromium) {
+	if err == nil || !strings.Contains(err.Error(), "apt-get install -y chromium") || !strings.Contains(err.Error(), EnvChromium) {
 		t.Fatalf("Find without a browser: %v", err)
 	}
 	t.Setenv(EnvChromium, filepath.Join(t.TempDir(), "no-such-chromium"))
