@@ -72,13 +72,12 @@ func InsertForKeyTx(ctx context.Context, tx pgx.Tx, key string, args river.JobAr
 // request's trace (README "One trace from the request to the delivery").
 func InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error) {
 	inserterOnce.Do(func() {
-		inserter, inserterErr = river.NewClient(riverpgxv5.New(nil), &river.Config{})
+		inserter, inserterErr = river.NewClient(riverpgxv5.New(nil), &river.Config{
+			Middleware: []rivertype.Middleware{&checkJSON{}},
+		})
 	})
 	if inserterErr != nil {
 		return nil, inserterErr
-	}
-	if err := checkArgs(args, opts); err != nil {
-		return nil, err
 	}
 	if cause := tracing.Cause(ctx); cause != "" {
 		o := river.InsertOpts{}
@@ -99,24 +98,27 @@ func InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.In
 	return res, nil
 }
 
-// checkArgs refuses args and metadata that the insert's jsonb columns would
-// refuse (fault.CheckJSON). River encodes args again: a second json.Marshal of
-// a job's args costs little beside the insert's round trip.
-func checkArgs(args river.JobArgs, opts *river.InsertOpts) error {
-	enc, err := json.Marshal(args)
-	if err != nil {
-		return fault.Wrap(fault.InvalidArgument, err, "InsertTx: the job's args do not encode as JSON")
-	}
-	if err := fault.CheckJSON("InsertTx: the args of job "+args.Kind(), enc); err != nil {
-		return err
-	}
-	if opts != nil && len(opts.Metadata) > 0 {
-		if !json.Valid(opts.Metadata) {
-			return invalid("InsertTx: opts.Metadata is not JSON")
+// checkJSON is the inserter's middleware that refuses args and metadata the
+// insert's jsonb columns would refuse (fault.CheckJSON), on the JSON River
+// encoded once for the insert, before its statement is sent.
+type checkJSON struct{ river.MiddlewareDefaults }
+
+func (*checkJSON) InsertMany(ctx context.Context, many []*rivertype.JobInsertParams, doInner func(context.Context) ([]*rivertype.JobInsertResult, error)) ([]*rivertype.JobInsertResult, error) {
+	for _, p := range many {
+		if err := fault.CheckJSON("InsertTx: the args of job "+p.Kind, p.EncodedArgs); err != nil {
+			return nil, err
 		}
-		return fault.CheckJSON("InsertTx: opts.Metadata", opts.Metadata)
+		if len(p.Metadata) == 0 {
+			continue
+		}
+		if !json.Valid(p.Metadata) {
+			return nil, invalid("InsertTx: opts.Metadata is not JSON")
+		}
+		if err := fault.CheckJSON("InsertTx: opts.Metadata", p.Metadata); err != nil {
+			return nil, err
+		}
 	}
-	return nil
+	return doInner(ctx)
 }
 
 // withTraceparent is metadata (a JSON object, or empty) with its "traceparent"

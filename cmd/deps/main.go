@@ -66,7 +66,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	f := prereq.Finder{Root: *root}
-	missing := check(f, tools)
+	found, missing := look(f, tools)
 	if len(missing) > 0 && *install == "auto" && *root == "" {
 		if how, ok := installer(); ok {
 			fmt.Fprintf(stdout, "deps: installing %s (%s)\n", names(missing), prereq.InstallCommand(false, missing...))
@@ -74,31 +74,28 @@ func run(args []string, stdout, stderr io.Writer) int {
 				fmt.Fprintf(stderr, "deps: %s\n", oneLine(err.Error()))
 				return 1
 			}
-			missing = check(f, tools)
+			found, missing = look(f, tools)
 		}
 	}
 	if len(missing) > 0 {
 		fmt.Fprintln(stderr, missingLine(missing, os.Geteuid() != 0, hasAptGet()))
 		return 1
 	}
-	found := make([]string, len(tools))
-	for i, t := range tools {
-		p, _ := f.Find(t)
-		found[i] = t.Name + " " + p
-	}
 	fmt.Fprintf(stdout, "deps: ready for %s: %s\n", *use, strings.Join(found, "; "))
 	return 0
 }
 
-// check returns the tools f does not find.
-func check(f prereq.Finder, tools []prereq.Tool) []prereq.Tool {
-	var missing []prereq.Tool
+// look returns, for each of tools, its name and where f found it, and the
+// tools f does not find.
+func look(f prereq.Finder, tools []prereq.Tool) (found []string, missing []prereq.Tool) {
 	for _, t := range tools {
-		if _, err := f.Find(t); err != nil {
+		if p, err := f.Find(t); err != nil {
 			missing = append(missing, t)
+		} else {
+			found = append(found, t.Name+" "+p)
 		}
 	}
-	return missing
+	return found, missing
 }
 
 func names(tools []prereq.Tool) string {

@@ -51,23 +51,20 @@ const (
 // payloadText is the payload's JSON text, checked: JSON (a raw payload is
 // used as it is) that jsonb stores (fault.CheckJSON).
 func (m Message) payloadText() (string, error) {
-	var b []byte
-	switch p := m.Payload.(type) {
-	case json.RawMessage:
-		b = p
-	case []byte:
-		b = p
-	default:
+	b, raw := m.Payload.([]byte)
+	if r, ok := m.Payload.(json.RawMessage); ok {
+		b, raw = r, true
+	}
+	switch {
+	case raw && len(b) == 0:
+		return "null", nil
+	case raw && !json.Valid(b):
+		return "", fault.New(fault.InvalidArgument, "event %s: payload is not JSON", m.Topic)
+	case !raw:
 		var err error
 		if b, err = json.Marshal(m.Payload); err != nil {
 			return "", fault.Wrap(fault.InvalidArgument, err, "event %s: payload does not marshal", m.Topic)
 		}
-	}
-	if len(b) == 0 {
-		return "null", nil
-	}
-	if !json.Valid(b) {
-		return "", fault.New(fault.InvalidArgument, "event %s: payload is not JSON", m.Topic)
 	}
 	if err := fault.CheckJSON("event "+m.Topic+": payload", b); err != nil {
 		return "", err

@@ -181,8 +181,16 @@ func Plan(m Meta, i *Info, ev Event, next Next, state json.RawMessage, queue str
 	// cancelling workflow takes no signals).
 	cancelling := i.Status == Cancelling
 	if cancelling {
-		waits := map[string]string{"sleep": "Sleep", "await": "AwaitSignal", "children": "StartChildren"}
-		if w, ok := waits[next.op]; ok {
+		var w string
+		switch next.op {
+		case "sleep":
+			w = "Sleep"
+		case "await":
+			w = "AwaitSignal"
+		case "children":
+			w = "StartChildren"
+		}
+		if w != "" {
 			return t, fault.New(fault.InvalidArgument, "workflow %s step %s: a compensation step may Goto, Finish or Fail, not %s", m.Kind, ev.Step, w)
 		}
 	}

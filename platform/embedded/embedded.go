@@ -163,7 +163,7 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 
 func (c *Cluster) start(ctx context.Context, o Options) error {
 	// A server already running on this directory is reused.
-	if port, ok := runningPort(c.dir); ok {
+	if port, _, ok := postmaster(c.dir); ok {
 		if err := c.createDatabase(ctx, port); err == nil {
 			c.port = port
 			c.logf("embedded PostgreSQL: reusing the server already running on %s (port %d)", c.dir, port)
@@ -227,7 +227,7 @@ func (c *Cluster) start(ctx context.Context, o Options) error {
 			return fault.Wrap(fault.Unavailable, ctx.Err(), "embedded PostgreSQL did not start")
 		}
 		// Another process may have started a server on this directory meanwhile.
-		if p, ok := runningPort(c.dir); ok {
+		if p, _, ok := postmaster(c.dir); ok {
 			if err := c.createDatabase(ctx, p); err == nil {
 				c.port = p
 				return nil
@@ -328,7 +328,7 @@ func Running(ctx context.Context, dir string) (*Cluster, error) {
 	if err != nil {
 		return nil, fault.Wrap(fault.InvalidConfig, err, "bad embedded cluster directory %q", dir)
 	}
-	if port, ok := runningPort(abs); ok && ready(ctx, port) {
+	if port, _, ok := postmaster(abs); ok && ready(ctx, port) {
 		return &Cluster{dir: abs, port: port, logf: func(string, ...any) {}}, nil
 	}
 	return nil, fault.New(fault.NotFound, "no embedded cluster running in %s", dir)
@@ -344,7 +344,7 @@ func Shutdown(ctx context.Context, dir string) error {
 	if err != nil {
 		return fault.Wrap(fault.InvalidConfig, err, "bad embedded cluster directory %q", dir)
 	}
-	pid, ok := runningPID(abs)
+	_, pid, ok := postmaster(abs)
 	if !ok {
 		return fault.New(fault.NotFound, "no embedded cluster running in %s", dir)
 	}
@@ -357,7 +357,7 @@ func Shutdown(ctx context.Context, dir string) error {
 	// The server removes postmaster.pid as it exits (after its last child): a
 	// server that has exited may stay a zombie until its parent, gone, is
 	// replaced by one that reaps it, so the file is the sign, as for pg_ctl.
-	gone := func() bool { _, ok := runningPID(abs); return !ok }
+	gone := func() bool { _, _, ok := postmaster(abs); return !ok }
 	deadline := time.Now().Add(30 * time.Second)
 	for !gone() {
 		select {
@@ -509,18 +509,6 @@ func checkTraversable(dir string) error {
 			return nil
 		}
 	}
-}
-
-// runningPort reads dir/postmaster.pid and reports the port of a live server.
-func runningPort(dir string) (int, bool) {
-	port, _, ok := postmaster(dir)
-	return port, ok
-}
-
-// runningPID reads dir/postmaster.pid and reports the pid of a live server.
-func runningPID(dir string) (int, bool) {
-	_, pid, ok := postmaster(dir)
-	return pid, ok
 }
 
 // postmaster reads dir/postmaster.pid and reports the port and pid of a live

@@ -93,6 +93,26 @@ func helperCmd(t *testing.T, bin, dir, then string) *exec.Cmd {
 	return cmd
 }
 
+// startHolder starts the helper process holding a cluster in dir (detached
+// or owned) until its standard input closes (at the test's end), and returns
+// it with its report.
+func startHolder(t *testing.T, dir string, detach bool) (*exec.Cmd, map[string]string) {
+	t.Helper()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	cmd := helperCmd(t, self, dir, "hold")
+	if detach {
+		cmd.Env = append(cmd.Env, helperDetach+"=1")
+	}
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = stdin.Close() })
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	return cmd, readReport(t, stdout)
+}
+
 // readReport reads the helper's key=value lines up to "ready".
 func readReport(t *testing.T, r io.Reader) map[string]string {
 	t.Helper()
@@ -416,19 +436,9 @@ func TestReusedBySecondProcess(t *testing.T) {
 func TestDetachedOutlivesItsProcess(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	self, err := os.Executable()
-	require.NoError(t, err)
 	dir := filepath.Join(sharedDir(t), "pg")
 	t.Cleanup(func() { _ = embedded.Shutdown(context.Background(), dir) })
-	cmd := helperCmd(t, self, dir, "hold")
-	cmd.Env = append(cmd.Env, helperDetach+"=1")
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	defer stdin.Close()
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	report := readReport(t, stdout)
+	cmd, report := startHolder(t, dir, true)
 	require.Equal(t, "false", report["owned"], "a detached server has no owner")
 	port, err := strconv.Atoi(report["port"])
 	require.NoError(t, err)
@@ -467,17 +477,8 @@ func TestDetachedOutlivesItsProcess(t *testing.T) {
 // TestStartAsNonRoot shows the same for a process that just exits.
 func TestStoppedWhenTheOwnerIsKilled(t *testing.T) {
 	t.Parallel()
-	self, err := os.Executable()
-	require.NoError(t, err)
 	dir := filepath.Join(sharedDir(t), "pg")
-	cmd := helperCmd(t, self, dir, "hold")
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	defer stdin.Close()
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	report := readReport(t, stdout)
+	cmd, report := startHolder(t, dir, false)
 	require.Equal(t, "true", report["owned"])
 	port, err := strconv.Atoi(report["port"])
 	require.NoError(t, err)
