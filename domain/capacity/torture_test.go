@@ -68,6 +68,11 @@ func TestTorture(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{MaxConns: int32(size.Clients + 24)})
 	require.NoError(t, clock.UseSim(ctx, db.Pool, t0))
+	fx := newForensics(t, db)
+	var stats opStats
+	defer func() { // for go tool task torture, pass or fail
+		t.Logf("torture result: reservations=%d violations=%d", stats.get("reserve", "ok"), fx.violations.Load())
+	}()
 
 	tenants := map[string]int{}
 	for i := 0; i < size.Tenants; i++ {
@@ -100,7 +105,6 @@ END $$`)
 		LeaseTTL: tortureLeaseTTL, LeaseRenew: tortureLeaseRenew})
 
 	var (
-		stats     opStats
 		deadlocks atomic.Int64
 		known     knownReservations
 	)
@@ -166,7 +170,7 @@ END $$`)
 					}
 					if n > 0 {
 						monitorViolations.Add(1)
-						t.Errorf("phase %d, mid-phase: %d %s", phase, n, name)
+						fx.violation(t, "phase %d, mid-phase: %d %s", phase, n, name)
 					}
 				}
 			}
@@ -194,11 +198,8 @@ END $$`)
 		workertest.WaitFor(t, 60*time.Second, fmt.Sprintf("phase %d: every lapsed hold expired", phase), func() bool {
 			return db.MustCount(t, `SELECT count(*) FROM capacity_reservations WHERE state = 'hold' AND expires_at <= compute_now()`) == 0
 		})
-		checkInvariants(t, db, fmt.Sprintf("after phase %d", phase))
-		if t.Failed() {
-			dumpDiag(t, db)
-		}
-		checkExpiredOnce(t, db, fmt.Sprintf("after phase %d", phase))
+		fx.checkInvariants(t, fmt.Sprintf("after phase %d", phase))
+		checkExpiredOnce(t, fx, fmt.Sprintf("after phase %d", phase))
 		require.Zero(t, deadlocks.Load(), "deadlocks (40P01) after phase %d", phase)
 		require.Zero(t, monitorViolations.Load())
 		t.Logf("phase %d: operations %s, then expiry and checks %s", phase, opsDone.Sub(phaseStart).Round(time.Millisecond), time.Since(opsDone).Round(time.Millisecond))
@@ -230,7 +231,7 @@ END $$`)
 // checkExpiredOnce checks the audit: no reservation left the live states twice,
 // every expired one was expired once, from hold, at or after its expiry, and no
 // ended one came back.
-func checkExpiredOnce(t *testing.T, db *pgtest.DB, when string) {
+func checkExpiredOnce(t *testing.T, fx *forensics, when string) {
 	t.Helper()
 	checks := map[string]string{
 		"reservations ended more than once": `
@@ -247,8 +248,8 @@ SELECT count(*) FROM torture_transitions x JOIN capacity_reservations r ON r.id 
 SELECT count(*) FROM torture_transitions WHERE from_state IN ('released', 'expired')`,
 	}
 	for name, q := range checks {
-		if n := db.MustCount(t, q); n != 0 {
-			t.Errorf("%s: %d %s", when, n, name)
+		if n := fx.db.MustCount(t, q); n != 0 {
+			fx.violation(t, "%s: %d %s", when, n, name)
 		}
 	}
 }
@@ -383,27 +384,4 @@ func (s *opStats) String() string {
 	}
 	fmt.Fprintf(&b, "device retries %d", s.retries)
 	return b.String()
-}
-
-// dumpDiag logs, for diagnosis, the bad reservations and the open transactions.
-func dumpDiag(t *testing.T, db *pgtest.DB) {
-	ctx := context.Background()
-	for _, q := range []string{
-		`SELECT r.id || ' ' || r.state || ' ' || r.tenant || ' n=' || r.device_count || ' :: ' || coalesce((SELECT string_agg(b.id || '/' || b.node_id || '/' || b.state || '/xmin=' || b.xmin::text || '/' || coalesce(txid_status(b.xmin::text::bigint), '?'), ' ') FROM capacity_bookings b WHERE b.reservation_id = r.id), '-') FROM capacity_reservations r WHERE r.device_count <> (SELECT count(*) FROM capacity_bookings b WHERE b.reservation_id = r.id) OR EXISTS (SELECT 1 FROM capacity_bookings b WHERE b.reservation_id = r.id AND (b.state <> r.state OR b.during <> r.during))`,
-		`SELECT pid || ' xid=' || coalesce(backend_xid::text, '-') || ' xmin=' || coalesce(backend_xmin::text, '-') || ' ' || coalesce(state, '') || ' xact_start=' || coalesce(xact_start::text, '') || ' wait=' || coalesce(wait_event_type || ':' || wait_event, '') || ' q=' || left(query, 200) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_xid IS NOT NULL`,
-	} {
-		rows, err := db.Pool.Query(ctx, q)
-		if err != nil {
-			t.Logf("diag: %v", err)
-			continue
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Logf("diag: %v", err)
-			continue
-		}
-		for _, l := range lines {
-			t.Logf("diag: %s", l)
-		}
-	}
 }
