@@ -32,11 +32,17 @@ type tortureSize struct {
 	Clients, Phases, OpsPerPhase int // every client runs OpsPerPhase operations per phase
 	Nodes, PerNode               int // the pool: Nodes × PerNode devices
 	Tenants, Quota               int // tenants t0..t(n-1), each with Quota devices
+	// StatementTimeout of the test's pool: at the large size, when go tool task
+	// torture runs several copies at a load of 20 or more, a reservation can
+	// queue on its tenant's quota row (charged first, held to the commit) behind
+	// a dozen slowed transactions for longer than the default 15 s. A timeout
+	// would fail the run without saying anything about the invariants.
+	StatementTimeout time.Duration
 }
 
 func tortureSizeFromEnv() (string, tortureSize) {
 	if strings.EqualFold(os.Getenv("BETTER_COMPUTE_TORTURE"), "large") {
-		return "large", tortureSize{Clients: 64, Phases: 8, OpsPerPhase: 60, Nodes: 4, PerNode: 5, Tenants: 6, Quota: 6}
+		return "large", tortureSize{Clients: 64, Phases: 8, OpsPerPhase: 60, Nodes: 4, PerNode: 5, Tenants: 6, Quota: 6, StatementTimeout: 2 * time.Minute}
 	}
 	return "small", tortureSize{Clients: 32, Phases: 3, OpsPerPhase: 16, Nodes: 3, PerNode: 4, Tenants: 4, Quota: 5}
 }
@@ -66,7 +72,7 @@ func TestTorture(t *testing.T) {
 	t.Parallel()
 	sizeName, size := tortureSizeFromEnv()
 	ctx := context.Background()
-	db := pgtest.New(t, pgtest.Options{MaxConns: int32(size.Clients + 24)})
+	db := pgtest.New(t, pgtest.Options{MaxConns: int32(size.Clients + 24), StatementTimeout: size.StatementTimeout})
 	require.NoError(t, clock.UseSim(ctx, db.Pool, t0))
 	fx := newForensics(t, db)
 	var stats opStats
