@@ -45,6 +45,7 @@ import (
 	"net"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -369,15 +370,19 @@ func InTx(ctx context.Context, db DBTX, fn func(ctx context.Context, tx pgx.Tx) 
 //
 // Given a *Pool (or a type that embeds one) it begins a transaction as opts say
 // (read committed by default, with the statement timeout). Given a pgx.Tx it
-// opens a savepoint and ignores opts. It rolls back when fn returns an error or
-// panics (and re-panics). A COMMIT that the server turned into a ROLLBACK,
-// because a statement failed and fn swallowed the error, returns
-// INTERNAL_ERROR, never success.
+// opens a savepoint and ignores opts; rolling the savepoint back also releases
+// it, so a failure leaves the transaction at the depth it had (see
+// beginSavepoint). It rolls back when fn returns an error or panics (and
+// re-panics). A COMMIT that the server turned into a ROLLBACK, because a
+// statement failed and fn swallowed the error, returns INTERNAL_ERROR, never
+// success.
 func InTxWith(ctx context.Context, db DBTX, opts TxOptions, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
 	var tx pgx.Tx
 	switch d := db.(type) {
 	case txBeginner:
 		tx, err = d.beginWith(ctx, &opts)
+	case pgx.Tx:
+		tx, err = beginSavepoint(ctx, d)
 	default:
 		tx, err = db.Begin(ctx)
 		if err != nil {
@@ -406,6 +411,63 @@ func InTxWith(ctx context.Context, db DBTX, opts TxOptions, fn func(ctx context.
 		return Translate(fmt.Errorf("error committing transaction: %w", err))
 	}
 	return nil
+}
+
+// beginSavepoint opens a savepoint in tx and returns it as a pgx.Tx: its Commit
+// releases the savepoint, its Rollback rolls back to it and releases it, and
+// its Begin opens a savepoint inside it.
+//
+// pgx's own nested transaction (tx.Begin) rolls back with ROLLBACK TO SAVEPOINT
+// alone, which keeps the savepoint open on the server: every statement after a
+// rolled-back attempt then runs one subtransaction deeper, and a chain of
+// failures in one transaction piles the levels up (each a subtransaction the
+// server tracks until the end, and past 64 of them a suboverflowed snapshot
+// for every other session). A rolled-back savepoint of ours leaves none behind.
+func beginSavepoint(ctx context.Context, tx pgx.Tx) (pgx.Tx, error) {
+	depth := 1
+	if p, ok := tx.(*savepoint); ok {
+		depth = p.depth + 1
+	}
+	s := &savepoint{Tx: tx, name: "bc_savepoint_" + strconv.Itoa(depth), depth: depth}
+	if _, err := tx.Exec(ctx, "SAVEPOINT "+s.name); err != nil {
+		return nil, Translate(fmt.Errorf("error opening a savepoint: %w", err))
+	}
+	return s, nil
+}
+
+// savepoint is a savepoint of the enclosing transaction Tx, which serves
+// every statement. Savepoints of one transaction are named by depth: only
+// one is open at each depth.
+type savepoint struct {
+	pgx.Tx
+	name   string
+	depth  int
+	closed bool
+}
+
+func (s *savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
+	if s.closed {
+		return nil, pgx.ErrTxClosed
+	}
+	return beginSavepoint(ctx, s)
+}
+
+func (s *savepoint) Commit(ctx context.Context) error {
+	if s.closed {
+		return pgx.ErrTxClosed
+	}
+	s.closed = true
+	_, err := s.Tx.Exec(ctx, "RELEASE SAVEPOINT "+s.name)
+	return err
+}
+
+func (s *savepoint) Rollback(ctx context.Context) error {
+	if s.closed {
+		return pgx.ErrTxClosed
+	}
+	s.closed = true
+	_, err := s.Tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+s.name+"; RELEASE SAVEPOINT "+s.name)
+	return err
 }
 
 func beginSQL(iso pgx.TxIsoLevel, readOnly bool, timeout, check time.Duration, app string) string {

@@ -590,3 +590,68 @@ func TestWrongPassword(t *testing.T) {
 		require.Contains(t, err.Error(), "authentication failed")
 	}
 }
+
+// TestFailedSavepointsLeaveTheDepth: a chain of failures inside one
+// transaction (errors returned, failed statements, failures two levels down)
+// leaves the transaction at the depth it had. A row's xmin is the
+// (sub)transaction that wrote it: rows written at the top level before and
+// after the chain share the top-level xid; had a rolled-back savepoint stayed
+// open (pgx's nested transaction sends only ROLLBACK TO SAVEPOINT), the row
+// after it would carry a subtransaction's xid. A savepoint that succeeded
+// inside the chain writes at one level down, under a subtransaction xid.
+func TestFailedSavepointsLeaveTheDepth(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	db.MustExec(t, "CREATE TABLE t (id int PRIMARY KEY)")
+	failed := errors.New("failed")
+	xmin := func(tx pgx.Tx, id int) (x uint32) {
+		require.NoError(t, tx.QueryRow(ctx, "INSERT INTO t VALUES ($1) RETURNING xmin::text::bigint", id).Scan(&x))
+		return x
+	}
+	err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		var top uint32
+		require.NoError(t, tx.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&top))
+		require.Equal(t, top, xmin(tx, 1), "the first row is written at the top level")
+		for i := range 5 {
+			err := pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
+				xmin(tx, 100+i)
+				switch i % 3 {
+				case 0:
+					return failed
+				case 1: // a failed statement
+					_, err := tx.Exec(ctx, "INSERT INTO t VALUES (1)")
+					return err
+				default: // a failure two levels down, then one here
+					require.Error(t, pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
+						xmin(tx, 200+i)
+						return failed
+					}))
+					require.NotEqual(t, top, xmin(tx, 300+i))
+					return failed
+				}
+			})
+			require.Error(t, err)
+		}
+		var inner uint32
+		require.NoError(t, pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
+			inner = xmin(tx, 2)
+			return nil
+		}))
+		require.NotEqual(t, top, inner, "a savepoint writes under a subtransaction")
+		require.Equal(t, top, xmin(tx, 3), "after five failed savepoints and a released one, the top level again")
+		// pgx's own nested transaction, for contrast (what InTx used): rolled
+		// back, its savepoint stays open and what follows runs one level down.
+		nested, err := tx.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, nested.Rollback(ctx))
+		require.NotEqual(t, top, xmin(tx, 4), "pgx's rolled-back savepoint is still open")
+		return nil
+	})
+	require.NoError(t, err)
+	rows, err := db.Query(ctx, "SELECT id FROM t ORDER BY id")
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	require.Equal(t, []int32{1, 2, 3, 4}, ids, "no row of a failed savepoint")
+}
