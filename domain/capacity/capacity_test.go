@@ -149,15 +149,7 @@ func TestReserveMovesPastADeviceBookedMeanwhile(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	makePool(t, db, poolSpec{ID: "p", Nodes: 1, PerNode: 2, Tenants: map[string]int{"acme": 5, "rogue": 5}})
-	db.MustExec(t, `INSERT INTO capacity_reservations (pool_id, tenant, during, device_count, expires_at)
-	                VALUES ('p', 'rogue', tstzrange($1, $2), 1, $2)`, t0, t0.Add(time.Hour))
-
-	rogue, err := db.Begin(ctx)
-	require.NoError(t, err)
-	defer rogue.Rollback(ctx)
-	_, err = rogue.Exec(ctx, `INSERT INTO capacity_bookings (reservation_id, device_id, node_id, pool_id, tenant, during, state)
-	                          VALUES (1, 'p-n0-d00', 'p-n0', 'p', 'rogue', tstzrange($1, $2), 'hold')`, t0, t0.Add(time.Hour))
-	require.NoError(t, err)
+	rogue := rogueBooking(t, db, "p-n0-d00", "p-n0")
 
 	type result struct {
 		r   *capacity.Reservation
@@ -198,20 +190,13 @@ func TestSlowPathWritesBookingsAndCountersTogether(t *testing.T) {
 	db := pgtest.New(t)
 	makePool(t, db, poolSpec{ID: "p", Nodes: 3, PerNode: 4, Tenants: map[string]int{"acme": 12, "rogue": 5}})
 	db.MustExec(t, `CREATE TABLE caller_writes (id int PRIMARY KEY)`)
-	db.MustExec(t, `INSERT INTO capacity_reservations (pool_id, tenant, during, device_count, expires_at)
-	                VALUES ('p', 'rogue', tstzrange($1, $2), 1, $2)`, t0, t0.Add(time.Hour))
 
 	locker, err := db.Begin(ctx)
 	require.NoError(t, err)
 	defer locker.Rollback(ctx)
 	_, err = locker.Exec(ctx, `SELECT 1 FROM capacity_devices WHERE id IN ('p-n0-d00', 'p-n1-d00') FOR NO KEY UPDATE`)
 	require.NoError(t, err)
-	rogue, err := db.Begin(ctx)
-	require.NoError(t, err)
-	defer rogue.Rollback(ctx)
-	_, err = rogue.Exec(ctx, `INSERT INTO capacity_bookings (reservation_id, device_id, node_id, pool_id, tenant, during, state)
-	                          VALUES (1, 'p-n2-d03', 'p-n2', 'p', 'rogue', tstzrange($1, $2), 'hold')`, t0, t0.Add(time.Hour))
-	require.NoError(t, err)
+	rogue := rogueBooking(t, db, "p-n2-d03", "p-n2")
 
 	type result struct {
 		r                  *capacity.Reservation
@@ -271,6 +256,24 @@ func TestSlowPathWritesBookingsAndCountersTogether(t *testing.T) {
 	require.Equal(t, reservation, xmins(`SELECT xmin FROM capacity_quota_usage WHERE tenant = 'acme'`), "the quota charge and the reservation: one statement")
 	require.NotEqual(t, []int64{int64(res.top)}, reservation, "the reservation: in ReserveTx's savepoint")
 	checkInvariantsExceptQuota(t, db)
+}
+
+// rogueBooking books device (of node, in pool p) over [t0, t0+1h) for tenant
+// rogue in a transaction it leaves open, as no code of ours would: without the
+// device's lock, the quota or the counters. The test commits it.
+func rogueBooking(t *testing.T, db *pgtest.DB, device, node string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	var id int64
+	require.NoError(t, db.QueryRow(ctx, `INSERT INTO capacity_reservations (pool_id, tenant, during, device_count, expires_at)
+	                                      VALUES ('p', 'rogue', tstzrange($1, $2), 1, $2) RETURNING id`, t0, t0.Add(time.Hour)).Scan(&id))
+	rogue, err := db.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rogue.Rollback(ctx) })
+	_, err = rogue.Exec(ctx, `INSERT INTO capacity_bookings (reservation_id, device_id, node_id, pool_id, tenant, during, state)
+	                          VALUES ($1, $2, $3, 'p', 'rogue', tstzrange($4, $5), 'hold')`, id, device, node, t0, t0.Add(time.Hour))
+	require.NoError(t, err)
+	return rogue
 }
 
 // checkInvariantsExceptQuota is checkInvariants for a test whose rogue bookings
