@@ -92,10 +92,8 @@ DECLARE
     cur_id text;
     n_nodes text[];
     n_holds integer[];
-    n_zero integer[];
     s_stripes integer[];
     s_holds integer[];
-    s_zero integer[];
 BEGIN
     o_retries := 0;
     IF NOT in_wait THEN
@@ -126,13 +124,14 @@ BEGIN
                     SELECT in_res, c.id, c.node_id, in_pool, in_tenant, v_during, 'hold' FROM c
                         ON CONFLICT ON CONSTRAINT capacity_bookings_no_overlap DO NOTHING
                     RETURNING device_id, node_id
-                ), tail AS (
-                    SELECT c.spread, c.id FROM c ORDER BY c.spread DESC, c.id DESC LIMIT 1
                 )
-                SELECT (SELECT count(*) FROM c), (SELECT array_agg(ins.device_id) FROM ins),
-                       (SELECT array_agg(ins.node_id) FROM ins), tail.spread, tail.id
+                SELECT count(*)::integer,
+                       array_agg(ins.device_id) FILTER (WHERE ins.device_id IS NOT NULL),
+                       array_agg(ins.node_id) FILTER (WHERE ins.device_id IS NOT NULL),
+                       (array_agg(c.spread ORDER BY c.spread DESC, c.id DESC))[1],
+                       (array_agg(c.id ORDER BY c.spread DESC, c.id DESC))[1]
                   INTO candidates, new_devices, new_nodes, cur_spread, cur_id
-                  FROM (SELECT 1) one LEFT JOIN tail ON true;
+                  FROM c LEFT JOIN ins ON ins.device_id = c.id;
                 EXIT WHEN candidates = 0;
                 got := got || coalesce(new_devices, '{}');
                 got_nodes := got_nodes || coalesce(new_nodes, '{}');
@@ -160,9 +159,12 @@ BEGIN
                     ON CONFLICT ON CONSTRAINT capacity_bookings_no_overlap DO NOTHING
                 RETURNING device_id, node_id
             )
-            SELECT (SELECT count(*) FROM c), (SELECT array_agg(ins.device_id) FROM ins),
-                   (SELECT array_agg(ins.node_id) FROM ins), (SELECT max(c.id) FROM c)
-              INTO candidates, new_devices, new_nodes, cur_id;
+            SELECT count(*)::integer,
+                   array_agg(ins.device_id) FILTER (WHERE ins.device_id IS NOT NULL),
+                   array_agg(ins.node_id) FILTER (WHERE ins.device_id IS NOT NULL),
+                   max(c.id)
+              INTO candidates, new_devices, new_nodes, cur_id
+              FROM c LEFT JOIN ins ON ins.device_id = c.id;
             EXIT WHEN candidates = 0;
             got := got || coalesce(new_devices, '{}');
             got_nodes := got_nodes || coalesce(new_nodes, '{}');
@@ -175,18 +177,22 @@ BEGIN
     END IF;
 
     -- node_resources, then the rollup stripes, each in key order.
-    SELECT array_agg(p.node_id ORDER BY p.node_id COLLATE "C"), array_agg(p.n ORDER BY p.node_id COLLATE "C"),
-           array_agg(0 ORDER BY p.node_id COLLATE "C")
-      INTO n_nodes, n_holds, n_zero
-      FROM (SELECT u.node_id, count(*)::integer AS n FROM unnest(got_nodes) AS u(node_id) GROUP BY u.node_id) p;
-    SELECT array_agg(s.stripe ORDER BY s.stripe), array_agg(s.n ORDER BY s.stripe), array_agg(0 ORDER BY s.stripe)
-      INTO s_stripes, s_holds, s_zero
-      FROM (SELECT capacity_stripe(u.node_id)::integer AS stripe, count(*)::integer AS n
-              FROM unnest(got_nodes) AS u(node_id) GROUP BY 1) s;
-    PERFORM capacity_apply_counts(in_pool, NULL, NULL, n_nodes, n_holds, n_zero, s_stripes, s_holds, s_zero);
+    WITH per_node AS (
+        SELECT u.node_id, count(*)::integer AS n FROM unnest(got_nodes) AS u(node_id) GROUP BY u.node_id
+    ), per_stripe AS (
+        SELECT capacity_stripe(p.node_id)::integer AS stripe, sum(p.n)::integer AS n FROM per_node p GROUP BY 1
+    )
+    SELECT (SELECT array_agg(p.node_id ORDER BY p.node_id COLLATE "C") FROM per_node p),
+           (SELECT array_agg(p.n ORDER BY p.node_id COLLATE "C") FROM per_node p),
+           (SELECT array_agg(s.stripe ORDER BY s.stripe) FROM per_stripe s),
+           (SELECT array_agg(s.n ORDER BY s.stripe) FROM per_stripe s),
+           (SELECT array_agg(g ORDER BY g COLLATE "C") FROM unnest(got) AS g)
+      INTO n_nodes, n_holds, s_stripes, s_holds, o_devices;
+    PERFORM capacity_apply_counts(in_pool, NULL, NULL,
+                                  n_nodes, n_holds, array_fill(0, ARRAY[cardinality(n_nodes)]),
+                                  s_stripes, s_holds, array_fill(0, ARRAY[cardinality(s_stripes)]));
     IF in_link <> '' THEN
         UPDATE capacity_reservations SET link_id = in_link WHERE id = in_res;
     END IF;
-    SELECT array_agg(g ORDER BY g COLLATE "C") INTO o_devices FROM unnest(got) AS g;
 END
 $body$;
