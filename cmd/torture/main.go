@@ -124,7 +124,8 @@ func run(args []string, out io.Writer) error {
 	for i := range clusters {
 		c, err := embedded.Start(ctx, embedded.Options{
 			Dir: filepath.Join(dir, fmt.Sprintf("cluster-%d", i)), Fast: true,
-			Settings: map[string]string{"max_connections": "300", "log_line_prefix": "%m [%p] xid=%x vxid=%v ", "log_lock_waits": "on"},
+			Settings: map[string]string{"max_connections": "300", "log_line_prefix": "%m [%p] xid=%x vxid=%v ", "log_lock_waits": "on",
+				"wal_keep_size": "2GB"}, // for pg_waldump after a failure: about 100 runs of WAL
 		})
 		if err != nil {
 			return err

@@ -40,6 +40,12 @@ type forensics struct {
 	again      []time.Duration // when to record the disagreement again, after the first
 }
 
+// newForensics prepares db for a report: the extensions it reads the heap and
+// the indexes with, and an audit of every write of a reservation or a booking
+// (torture_writes, filled by triggers, not by the code under test) with the
+// top-level transaction that made it and the wall clock, so that the report
+// can put the transactions that wrote a disagreeing reservation and its
+// bookings in order.
 func newForensics(t *testing.T, db *pgtest.DB) *forensics {
 	// Superuser only (the embedded cluster's user is one): without them the
 	// report says so and goes on.
@@ -47,6 +53,17 @@ func newForensics(t *testing.T, db *pgtest.DB) *forensics {
 		if _, err := db.Exec(context.Background(), "CREATE EXTENSION IF NOT EXISTS "+ext); err != nil {
 			t.Logf("forensics: no %s: %v", ext, err)
 		}
+	}
+	db.MustExec(t, `CREATE TABLE torture_writes (tbl text, op text, row_id bigint, reservation_id bigint, state text, during tstzrange,
+	                top_xid bigint DEFAULT txid_current(), at_sim timestamptz DEFAULT compute_now(), at_wall timestamptz DEFAULT clock_timestamp())`)
+	db.MustExec(t, `CREATE FUNCTION torture_write() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO torture_writes (tbl, op, row_id, reservation_id, state, during)
+    VALUES (TG_TABLE_NAME, TG_OP, NEW.id, coalesce((to_jsonb(NEW)->>'reservation_id')::bigint, NEW.id), NEW.state, NEW.during);
+    RETURN NEW;
+END $$`)
+	for _, table := range []string{"capacity_reservations", "capacity_bookings"} {
+		db.MustExec(t, `CREATE TRIGGER torture_write AFTER INSERT OR UPDATE ON `+table+` FOR EACH ROW EXECUTE FUNCTION torture_write()`)
 	}
 	return &forensics{db: db, dir: os.Getenv("BETTER_COMPUTE_TORTURE_DIR"), again: []time.Duration{3 * time.Second, 10 * time.Second}}
 }
@@ -123,6 +140,25 @@ SELECT format('reservation %s %s n=%s tenant=%s ctid=%s xmin=%s(%s) xmax=%s crea
     OR EXISTS (SELECT 1 FROM capacity_bookings b WHERE b.reservation_id = r.id AND (b.state <> r.state OR b.during <> r.during))
  ORDER BY r.id`
 
+// writesSQL lists, from the torture test's audit, every write of a reservation
+// that disagrees with its bookings or has a booking in an overlap, and of its
+// bookings: which top-level transaction made it, when, and what it wrote.
+const writesSQL = `
+WITH bad AS (
+    SELECT r.id FROM capacity_reservations r
+     WHERE r.device_count <> (SELECT count(*) FROM capacity_bookings b WHERE b.reservation_id = r.id)
+        OR EXISTS (SELECT 1 FROM capacity_bookings b WHERE b.reservation_id = r.id AND (b.state <> r.state OR b.during <> r.during))
+    UNION
+    SELECT a.reservation_id FROM capacity_bookings a JOIN capacity_bookings b
+      ON a.device_id = b.device_id AND a.id <> b.id AND a.during && b.during
+     WHERE a.state IN ('hold', 'confirmed') AND b.state IN ('hold', 'confirmed')
+)
+SELECT format('%s %s %s %s of reservation %s: %s %s by top-level xid %s(%s) at sim %s, wall %s',
+       w.at_wall, w.tbl, w.op, w.row_id, w.reservation_id, w.state, w.during, w.top_xid,
+       coalesce(pg_xact_status(w.top_xid::text::xid8), 'null'), w.at_sim, w.at_wall)
+  FROM torture_writes w JOIN bad ON bad.id = w.reservation_id
+ ORDER BY w.at_wall`
+
 // hiddenTuplesSQL lists the heap tuples of capacity_bookings that a committed
 // transaction inserted, that nothing deleted (no xmax, or a lock only, or one
 // that aborted), and that this snapshot does not show: rows that should be
@@ -185,11 +221,13 @@ func (f *forensics) record(t *testing.T, why string) {
 		}
 	}
 	disagreement := func(when string) {
-		lines(when+": server", `SELECT format('%s, snapshot %s, data_directory %s', version(), pg_current_snapshot(), current_setting('data_directory'))`)
+		lines(when+": server", `SELECT format('%s, snapshot %s, data_directory %s, WAL at %s (pg_waldump -p <data_directory>/pg_wal shows each record with its xid)',
+		       version(), pg_current_snapshot(), current_setting('data_directory'), pg_current_wal_lsn())`)
 		lines(when+": disagreeing bookings", suspectsSQL)
 		lines(when+": reservations whose bookings disagree", badReservationsSQL)
 		lines(when+": committed, undeleted booking tuples no snapshot shows (pageinspect)", hiddenTuplesSQL)
 		lines(when+": invariants, normal plans and with index and bitmap scans off", invariantsBothWaysSQL())
+		lines(when+": every write of the disagreeing reservations and their bookings (torture_writes, by wall clock)", writesSQL)
 	}
 	disagreement("at detection")
 	lines("btree indexes of the capacity tables (amcheck bt_index_check, heapallindexed)", `
@@ -276,6 +314,7 @@ func TestForensicsReport(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	makePool(t, db, poolSpec{ID: "p", Nodes: 1, PerNode: 2, Tenants: map[string]int{"a": 4}})
+	fx := newForensics(t, db)
 	from, to := hours(0, 2)
 	var ids []int64
 	for range 2 {
@@ -288,7 +327,6 @@ func TestForensicsReport(t *testing.T) {
 	db.MustExec(t, `UPDATE capacity_reservations SET device_count = 2 WHERE id = $1`, ids[1])
 
 	dir := t.TempDir()
-	fx := newForensics(t, db)
 	fx.dir, fx.again = dir, []time.Duration{10 * time.Millisecond}
 	fx.record(t, "planted")
 	report, err := os.ReadFile(filepath.Join(dir, "forensics-"+db.Name+".txt"))
@@ -301,6 +339,8 @@ func TestForensicsReport(t *testing.T) {
 		"## at detection: committed, undeleted booking tuples no snapshot shows (pageinspect)",
 		"overlapping live bookings of one device: 1 (sequential scans: 1)",
 		"capacity_bookings_pkey: ok", "## 10ms later: disagreeing bookings",
+		fmt.Sprintf("capacity_bookings INSERT 2 of reservation %d: hold", ids[1]),
+		fmt.Sprintf("capacity_bookings UPDATE 2 of reservation %d: hold", ids[1]),
 	} {
 		require.Contains(t, text, want)
 	}
