@@ -159,6 +159,23 @@ SELECT format('%s %s %s %s of reservation %s: %s %s by top-level xid %s(%s) at s
   FROM torture_writes w JOIN bad ON bad.id = w.reservation_id
  ORDER BY w.at_wall`
 
+// gistVersusSeqSQL lists, for every device with a disagreeing booking, its
+// live bookings as the exclusion constraint's gist index finds them (an index
+// scan forced, as the constraint's check reads it) and as a sequential scan
+// finds them: a booking only the second finds is missing from the index.
+const gistVersusSeqSQL = `
+WITH devices AS (
+    SELECT DISTINCT a.device_id FROM capacity_bookings a JOIN capacity_bookings b
+      ON a.device_id = b.device_id AND a.id <> b.id AND a.during && b.during
+     WHERE a.state IN ('hold', 'confirmed') AND b.state IN ('hold', 'confirmed')
+    UNION
+    SELECT b.device_id FROM capacity_bookings b JOIN capacity_reservations r ON r.id = b.reservation_id
+     WHERE r.device_count <> (SELECT count(*) FROM capacity_bookings x WHERE x.reservation_id = r.id)
+        OR b.state <> r.state OR b.during <> r.during
+)
+SELECT format('device %s: gist index [%s] | sequential scan [%s]', d.device_id, pg_temp.livegist(d.device_id), pg_temp.liveseq(d.device_id))
+  FROM devices d ORDER BY d.device_id`
+
 // hiddenTuplesSQL lists the heap tuples of capacity_bookings that a committed
 // transaction inserted, that nothing deleted (no xmax, or a lock only, or one
 // that aborted), and that this snapshot does not show: rows that should be
@@ -227,6 +244,7 @@ func (f *forensics) record(t *testing.T, why string) {
 		lines(when+": reservations whose bookings disagree", badReservationsSQL)
 		lines(when+": committed, undeleted booking tuples no snapshot shows (pageinspect)", hiddenTuplesSQL)
 		lines(when+": invariants, normal plans and with index and bitmap scans off", invariantsBothWaysSQL())
+		lines(when+": live bookings of each disagreeing device, through the exclusion constraint's gist index (forced) and by a sequential scan", gistVersusSeqSQL)
 		lines(when+": every write of the disagreeing reservations and their bookings (torture_writes, by wall clock)", writesSQL)
 	}
 	disagreement("at detection")
@@ -277,6 +295,16 @@ BEGIN
     EXECUTE q INTO n;
     RETURN n;
 END $$;
+CREATE FUNCTION pg_temp.livegist(dev text) RETURNS text LANGUAGE sql
+    SET enable_seqscan = off SET enable_bitmapscan = off AS $$
+SELECT coalesce(string_agg(b.id || '@' || b.ctid || ' ' || b.state || ' ' || b.during, ', ' ORDER BY b.id), '')
+  FROM capacity_bookings b WHERE b.device_id = dev AND b.during && tstzrange(NULL, NULL) AND b.state IN ('hold', 'confirmed')
+$$;
+CREATE FUNCTION pg_temp.liveseq(dev text) RETURNS text LANGUAGE sql
+    SET enable_indexscan = off SET enable_bitmapscan = off SET enable_indexonlyscan = off AS $$
+SELECT coalesce(string_agg(b.id || '@' || b.ctid || ' ' || b.state || ' ' || b.during, ', ' ORDER BY b.id), '')
+  FROM capacity_bookings b WHERE b.device_id = dev AND b.during && tstzrange(NULL, NULL) AND b.state IN ('hold', 'confirmed')
+$$;
 CREATE FUNCTION pg_temp.btcheck(i oid) RETURNS text LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM bt_index_check(i::regclass, true);
@@ -341,6 +369,7 @@ func TestForensicsReport(t *testing.T) {
 		"capacity_bookings_pkey: ok", "## 10ms later: disagreeing bookings",
 		fmt.Sprintf("capacity_bookings INSERT 2 of reservation %d: hold", ids[1]),
 		fmt.Sprintf("capacity_bookings UPDATE 2 of reservation %d: hold", ids[1]),
+		"device p-n0-d00: gist index [1@(0,1) hold", "| sequential scan [1@(0,1) hold",
 	} {
 		require.Contains(t, text, want)
 	}
