@@ -102,26 +102,35 @@ SELECT CASE WHEN x::text::bigint < 3 THEN 'special' ELSE coalesce(pg_xact_status
     (((pg_snapshot_xmax(pg_current_snapshot())::text::bigint >> 32) << 32) | x::text::bigint)::text::xid8), 'null') END
 $$`
 
-// suspectsSQL lists the bookings of every disagreement (overlapping live
-// bookings, reservations whose bookings disagree with them) with the xmin and
-// status of their rows and of the counter rows they charge.
-const suspectsSQL = `
-WITH ids AS (
-    SELECT a.id FROM capacity_bookings a JOIN capacity_bookings b
+// disagreementSQL names, as CTEs every report query starts with, what
+// disagrees: bad_reservations (their bookings disagree with them),
+// overlapping (live bookings that overlap another of their device) and
+// suspects (both kinds of booking, with their reservation and device).
+const disagreementSQL = `
+WITH bad_reservations AS (
+    SELECT r.id FROM capacity_reservations r
+     WHERE r.device_count <> (SELECT count(*) FROM capacity_bookings b WHERE b.reservation_id = r.id)
+        OR EXISTS (SELECT 1 FROM capacity_bookings b WHERE b.reservation_id = r.id AND (b.state <> r.state OR b.during <> r.during))
+), overlapping AS (
+    SELECT a.id, a.reservation_id, a.device_id FROM capacity_bookings a JOIN capacity_bookings b
       ON a.device_id = b.device_id AND a.id <> b.id AND a.during && b.during
      WHERE a.state IN ('hold', 'confirmed') AND b.state IN ('hold', 'confirmed')
+), suspects AS (
+    SELECT o.id, o.reservation_id, o.device_id FROM overlapping o
     UNION
-    SELECT b.id FROM capacity_bookings b JOIN capacity_reservations r ON r.id = b.reservation_id
-     WHERE r.device_count <> (SELECT count(*) FROM capacity_bookings x WHERE x.reservation_id = r.id)
-        OR b.state <> r.state OR b.during <> r.during
-)
+    SELECT b.id, b.reservation_id, b.device_id FROM capacity_bookings b JOIN bad_reservations x ON x.id = b.reservation_id
+)`
+
+// suspectsSQL lists the suspect bookings with the xmin and status of their
+// rows and of the counter rows they charge.
+const suspectsSQL = disagreementSQL + `
 SELECT format('booking %s of reservation %s: device %s %s %s ctid=%s xmin=%s(%s) xmax=%s | reservation %s n=%s ctid=%s xmin=%s(%s) xmax=%s | quota used=%s xmin=%s(%s) | node %s holds=%s xmin=%s(%s) | stripe %s holds=%s xmin=%s(%s)',
        b.id, b.reservation_id, b.device_id, b.during, b.state, b.ctid, b.xmin, pg_temp.xstat(b.xmin), b.xmax,
        r.state, r.device_count, r.ctid, r.xmin, pg_temp.xstat(r.xmin), r.xmax,
        q.used, q.xmin, pg_temp.xstat(q.xmin),
        n.node_id, n.holds, n.xmin, pg_temp.xstat(n.xmin),
        s.stripe, s.holds, s.xmin, pg_temp.xstat(s.xmin))
-  FROM capacity_bookings b JOIN ids ON ids.id = b.id
+  FROM capacity_bookings b JOIN suspects ids ON ids.id = b.id
   JOIN capacity_reservations r ON r.id = b.reservation_id
   LEFT JOIN capacity_quota_usage q ON q.tenant = b.tenant AND q.pool_id = b.pool_id
   LEFT JOIN capacity_node_resources n ON n.node_id = b.node_id
@@ -130,51 +139,32 @@ SELECT format('booking %s of reservation %s: device %s %s %s ctid=%s xmin=%s(%s)
 
 // badReservationsSQL lists the reservations whose bookings disagree with
 // them, with the bookings a snapshot shows.
-const badReservationsSQL = `
+const badReservationsSQL = disagreementSQL + `
 SELECT format('reservation %s %s n=%s tenant=%s ctid=%s xmin=%s(%s) xmax=%s created_at=%s: visible bookings %s',
        r.id, r.state, r.device_count, r.tenant, r.ctid, r.xmin, pg_temp.xstat(r.xmin), r.xmax, r.created_at,
        coalesce((SELECT string_agg(b.id || '/' || b.device_id || '/' || b.state || '/xmin=' || b.xmin, ' ')
                    FROM capacity_bookings b WHERE b.reservation_id = r.id), '-'))
-  FROM capacity_reservations r
- WHERE r.device_count <> (SELECT count(*) FROM capacity_bookings b WHERE b.reservation_id = r.id)
-    OR EXISTS (SELECT 1 FROM capacity_bookings b WHERE b.reservation_id = r.id AND (b.state <> r.state OR b.during <> r.during))
+  FROM capacity_reservations r JOIN bad_reservations x ON x.id = r.id
  ORDER BY r.id`
 
-// writesSQL lists, from the torture test's audit, every write of a reservation
-// that disagrees with its bookings or has a booking in an overlap, and of its
+// writesSQL lists, from the audit, every write of a reservation that
+// disagrees with its bookings or has a booking in an overlap, and of its
 // bookings: which top-level transaction made it, when, and what it wrote.
-const writesSQL = `
-WITH bad AS (
-    SELECT r.id FROM capacity_reservations r
-     WHERE r.device_count <> (SELECT count(*) FROM capacity_bookings b WHERE b.reservation_id = r.id)
-        OR EXISTS (SELECT 1 FROM capacity_bookings b WHERE b.reservation_id = r.id AND (b.state <> r.state OR b.during <> r.during))
-    UNION
-    SELECT a.reservation_id FROM capacity_bookings a JOIN capacity_bookings b
-      ON a.device_id = b.device_id AND a.id <> b.id AND a.during && b.during
-     WHERE a.state IN ('hold', 'confirmed') AND b.state IN ('hold', 'confirmed')
-)
+const writesSQL = disagreementSQL + `
 SELECT format('%s %s %s %s of reservation %s: %s %s by top-level xid %s(%s) at sim %s, wall %s',
        w.at_wall, w.tbl, w.op, w.row_id, w.reservation_id, w.state, w.during, w.top_xid,
        coalesce(pg_xact_status(w.top_xid::text::xid8), 'null'), w.at_sim, w.at_wall)
-  FROM torture_writes w JOIN bad ON bad.id = w.reservation_id
+  FROM torture_writes w
+ WHERE w.reservation_id IN (SELECT id FROM bad_reservations UNION SELECT reservation_id FROM overlapping)
  ORDER BY w.at_wall`
 
-// gistVersusSeqSQL lists, for every device with a disagreeing booking, its
-// live bookings as the exclusion constraint's gist index finds them (an index
-// scan forced, as the constraint's check reads it) and as a sequential scan
-// finds them: a booking only the second finds is missing from the index.
-const gistVersusSeqSQL = `
-WITH devices AS (
-    SELECT DISTINCT a.device_id FROM capacity_bookings a JOIN capacity_bookings b
-      ON a.device_id = b.device_id AND a.id <> b.id AND a.during && b.during
-     WHERE a.state IN ('hold', 'confirmed') AND b.state IN ('hold', 'confirmed')
-    UNION
-    SELECT b.device_id FROM capacity_bookings b JOIN capacity_reservations r ON r.id = b.reservation_id
-     WHERE r.device_count <> (SELECT count(*) FROM capacity_bookings x WHERE x.reservation_id = r.id)
-        OR b.state <> r.state OR b.during <> r.during
-)
+// gistVersusSeqSQL lists, for every device with a suspect booking, its live
+// bookings as the exclusion constraint's gist index finds them (an index scan
+// forced, as the constraint's check reads it) and as a sequential scan finds
+// them: a booking only the second finds is missing from the index.
+const gistVersusSeqSQL = disagreementSQL + `
 SELECT format('device %s: gist index [%s] | sequential scan [%s]', d.device_id, pg_temp.livegist(d.device_id), pg_temp.liveseq(d.device_id))
-  FROM devices d ORDER BY d.device_id`
+  FROM (SELECT DISTINCT device_id FROM suspects) d ORDER BY d.device_id`
 
 // hiddenTuplesSQL lists the heap tuples of capacity_bookings that a committed
 // transaction inserted, that nothing deleted (no xmax, or a lock only, or one
