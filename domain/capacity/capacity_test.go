@@ -138,18 +138,25 @@ SELECT r.id, 'p-n0-d00', 'p-n0', 'p', 'acme', tstzrange($1, $2), $3 FROM r`, fro
 	require.Equal(t, "23P01", pg.SQLState(err), "the concurrent overlapping booking: %v", err)
 }
 
-// TestReserveMovesPastADeviceBookedMeanwhile makes the first device's booking
-// meet an overlapping booking inserted directly by another transaction
-// (bypassing the device lock) that commits while the reservation waits on the
-// exclusion constraint's check. The reservation's INSERT … ON CONFLICT DO
-// NOTHING books nothing there, without an error, and it moves to the next
-// device and succeeds.
-func TestReserveMovesPastADeviceBookedMeanwhile(t *testing.T) {
+// TestReserveRetriesAnotherDeviceOn23P01 makes the first device's booking fail
+// with an exclusion violation: a booking inserted directly by another
+// transaction (bypassing the device lock) that commits while the reservation
+// waits on the constraint. The reservation moves to the next device in a
+// savepoint and succeeds.
+func TestReserveRetriesAnotherDeviceOn23P01(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
 	makePool(t, db, poolSpec{ID: "p", Nodes: 1, PerNode: 2, Tenants: map[string]int{"acme": 5, "rogue": 5}})
-	rogue := rogueBooking(t, db, "p-n0-d00", "p-n0")
+	db.MustExec(t, `INSERT INTO capacity_reservations (pool_id, tenant, during, device_count, expires_at)
+	                VALUES ('p', 'rogue', tstzrange($1, $2), 1, $2)`, t0, t0.Add(time.Hour))
+
+	rogue, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer rogue.Rollback(ctx)
+	_, err = rogue.Exec(ctx, `INSERT INTO capacity_bookings (reservation_id, device_id, node_id, pool_id, tenant, during, state)
+	                          VALUES (1, 'p-n0-d00', 'p-n0', 'p', 'rogue', tstzrange($1, $2), 'hold')`, t0, t0.Add(time.Hour))
+	require.NoError(t, err)
 
 	type result struct {
 		r   *capacity.Reservation
@@ -160,120 +167,18 @@ func TestReserveMovesPastADeviceBookedMeanwhile(t *testing.T) {
 		r, err := reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 1, Start: t0, End: t0.Add(time.Hour), TTL: time.Minute})
 		done <- result{r, err}
 	}()
-	// Wait until the reservation waits on the rogue transaction (the
-	// constraint's check, in capacity_book_group).
+	// Wait until the reservation waits on the rogue transaction (the constraint
+	// check), in capacity_reserve_fast or in the device-by-device insert.
 	require.Eventually(t, func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'
-		                         AND query LIKE '%capacity_book_group(%'`) == 1
+		                         AND (query LIKE '%INSERT INTO capacity_bookings%' OR query LIKE '%capacity_reserve_fast(%')`) == 1
 	}, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, rogue.Commit(ctx))
 	res := <-done
-	require.NoError(t, res.err, "a device booked meanwhile is a retry on the next device, never an error")
+	require.NoError(t, res.err, "a 23P01 is a retry on the next device, never an error")
 	require.Equal(t, []string{"p-n0-d01"}, res.r.Devices)
 	require.Equal(t, 1, res.r.Retries)
 	checkInvariantsExceptQuota(t, db)
-}
-
-// TestSlowPathWritesBookingsAndCountersTogether forces the slowest path of a
-// reservation of 11 of 12 devices: two devices locked by another transaction
-// and one booked by a rogue transaction that commits while the first pass waits
-// on it, so the first pass loses a device, comes up short and rolls back, and
-// the second pass waits for the locked devices. Then, by the xmin of each row
-// (the subtransaction that wrote it): all 11 bookings and the counter rows they
-// charge were written by one subtransaction (one statement, no savepoint per
-// device); the quota charge and the reservation by the reservation's own
-// savepoint; and the caller's rows before and after ReserveTx at the top level,
-// so nothing of the failed first pass is left open.
-func TestSlowPathWritesBookingsAndCountersTogether(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	db := pgtest.New(t)
-	makePool(t, db, poolSpec{ID: "p", Nodes: 3, PerNode: 4, Tenants: map[string]int{"acme": 12, "rogue": 5}})
-	db.MustExec(t, `CREATE TABLE caller_writes (id int PRIMARY KEY)`)
-
-	locker, err := db.Begin(ctx)
-	require.NoError(t, err)
-	defer locker.Rollback(ctx)
-	_, err = locker.Exec(ctx, `SELECT 1 FROM capacity_devices WHERE id IN ('p-n0-d00', 'p-n1-d00') FOR NO KEY UPDATE`)
-	require.NoError(t, err)
-	rogue := rogueBooking(t, db, "p-n2-d03", "p-n2")
-
-	type result struct {
-		r                  *capacity.Reservation
-		top, before, after uint32
-		err                error
-	}
-	done := make(chan result, 1)
-	go func() {
-		var res result
-		res.err = pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-			if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&res.top); err != nil {
-				return err
-			}
-			if err := tx.QueryRow(ctx, `INSERT INTO caller_writes VALUES (1) RETURNING xmin::text::bigint`).Scan(&res.before); err != nil {
-				return err
-			}
-			r, err := capacity.ReserveTx(ctx, tx, &capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 11, Start: t0, End: t0.Add(time.Hour), TTL: time.Minute})
-			if err != nil {
-				return err
-			}
-			res.r = r
-			return tx.QueryRow(ctx, `INSERT INTO caller_writes VALUES (2) RETURNING xmin::text::bigint`).Scan(&res.after)
-		})
-		done <- res
-	}()
-	waitsOnALock := func(what string) { // the reservation's backend: the locker and the rogue are idle
-		workertest.WaitFor(t, 30*time.Second, what, func() bool {
-			return db.MustCount(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 1
-		})
-	}
-	waitsOnALock("the first pass to wait on the rogue booking (the constraint's check)")
-	require.NoError(t, rogue.Commit(ctx))
-	waitsOnALock("the second pass to wait for a locked device")
-	require.NoError(t, locker.Commit(ctx))
-	res := <-done
-	require.NoError(t, res.err)
-	require.Len(t, res.r.Devices, 11)
-	require.NotContains(t, res.r.Devices, "p-n2-d03")
-	require.Equal(t, 1, res.r.Retries, "the device the rogue booked")
-
-	require.Equal(t, res.top, res.before, "the caller's first row, at the top level")
-	require.Equal(t, res.top, res.after, "the caller's row after ReserveTx: at the top level again")
-	xmins := func(q string, args ...any) []int64 {
-		rows, err := db.Query(ctx, `SELECT DISTINCT xmin::text::bigint FROM (`+q+`) x`, args...)
-		require.NoError(t, err)
-		out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		require.NoError(t, err)
-		return out
-	}
-	bookings := xmins(`SELECT xmin FROM capacity_bookings WHERE reservation_id = $1`, res.r.ID)
-	require.Len(t, bookings, 1, "every booking written by one subtransaction")
-	require.Equal(t, bookings, xmins(`SELECT xmin FROM capacity_node_resources WHERE node_id LIKE 'p-%'`), "node resources: by the bookings' subtransaction")
-	require.Equal(t, bookings, xmins(`SELECT xmin FROM capacity_pool_capacity_rollup
-	                                   WHERE pool_id = 'p' AND stripe IN (SELECT capacity_stripe(id) FROM capacity_nodes WHERE pool_id = 'p')`),
-		"rollup stripes: by the bookings' subtransaction")
-	reservation := xmins(`SELECT xmin FROM capacity_reservations WHERE id = $1`, res.r.ID)
-	require.Equal(t, reservation, xmins(`SELECT xmin FROM capacity_quota_usage WHERE tenant = 'acme'`), "the quota charge and the reservation: one statement")
-	require.NotEqual(t, []int64{int64(res.top)}, reservation, "the reservation: in ReserveTx's savepoint")
-	checkInvariantsExceptQuota(t, db)
-}
-
-// rogueBooking books device (of node, in pool p) over [t0, t0+1h) for tenant
-// rogue in a transaction it leaves open, as no code of ours would: without the
-// device's lock, the quota or the counters. The test commits it.
-func rogueBooking(t *testing.T, db *pgtest.DB, device, node string) pgx.Tx {
-	t.Helper()
-	ctx := context.Background()
-	var id int64
-	require.NoError(t, db.QueryRow(ctx, `INSERT INTO capacity_reservations (pool_id, tenant, during, device_count, expires_at)
-	                                      VALUES ('p', 'rogue', tstzrange($1, $2), 1, $2) RETURNING id`, t0, t0.Add(time.Hour)).Scan(&id))
-	rogue, err := db.Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = rogue.Rollback(ctx) })
-	_, err = rogue.Exec(ctx, `INSERT INTO capacity_bookings (reservation_id, device_id, node_id, pool_id, tenant, during, state)
-	                          VALUES ($1, $2, $3, 'p', 'rogue', tstzrange($4, $5), 'hold')`, id, device, node, t0, t0.Add(time.Hour))
-	require.NoError(t, err)
-	return rogue
 }
 
 // checkInvariantsExceptQuota is checkInvariants for a test whose rogue bookings

@@ -23,18 +23,10 @@
 //     The exclusion constraint capacity_bookings_no_overlap, EXCLUDE USING gist
 //     (device_id WITH =, during WITH &&) WHERE (state IN ('hold', 'confirmed')),
 //     holds it whatever the code does; the code never leaves it to chance either:
-//     every writer of a device's bookings locks the device first, and a
-//     reservation books with INSERT … ON CONFLICT ON CONSTRAINT
-//     capacity_bookings_no_overlap DO NOTHING, so a device that a concurrent
-//     reservation booked after this one's snapshot gives no row (no error, no
-//     savepoint): a retry on the next device, or CONFLICT, never an
-//     INTERNAL_ERROR.
-//   - A reservation's bookings and the counters they charge are written by one
-//     statement (capacity_book_group), so by one subtransaction; the quota
-//     charge and the reservation row by another (capacity_reserve_begin).
-//     ReserveTx opens a savepoint for the reservation and one per group of
-//     devices it tries; a group that falls short is rolled back and released,
-//     so it leaves no savepoint open and gives its device locks up.
+//     every writer of a device's bookings locks the device first, so a booking
+//     lost to a concurrent reservation is found under the lock, and an exclusion
+//     violation (SQLSTATE 23P01) is a retry on the next device or CONFLICT, never
+//     an INTERNAL_ERROR.
 //   - A tenant's quota usage in a pool equals its live bookings there and never
 //     exceeds its limit (a CHECK makes an overdraft impossible).
 //   - Every node's resources and every pool's capacity rollup equal a recount of
@@ -78,10 +70,10 @@
 // Every writer of a device's bookings holds the device's lock, so two of them
 // are never in flight on one device at once: PostgreSQL's exclusion check never
 // waits on another in-flight booking (two such waits could deadlock). A
-// reservation first books devices nobody holds (SKIP LOCKED), from a random
-// point of the pool's node-by-node order so that concurrent reservations spread
-// over the nodes; only if that finds too few does it wait for the others, in
-// device id order, having rolled back (to the group's savepoint) what it took.
+// reservation first books devices nobody holds (SKIP LOCKED, one statement),
+// from a random point of the pool's node-by-node order so that concurrent
+// reservations spread over the nodes; only if that finds too few does it wait
+// for the others, in device id order, having rolled back what it took.
 //
 // # Reservations
 //

@@ -50,10 +50,9 @@ type Reservation struct {
 	ConfirmedAt *time.Time `db:"confirmed_at"`
 	EndedAt     *time.Time `db:"ended_at"`
 
-	// Retries, set by ReserveTx only, counts the devices it locked and found
-	// booked by a concurrent reservation that committed after its snapshot (the
-	// exclusion constraint's check, under the device's lock) before it had all
-	// its devices.
+	// Retries, set by ReserveTx only, counts the devices it tried and lost to a
+	// concurrent reservation (a 23P01 or a device found taken under its lock)
+	// before it had all its devices.
 	Retries int `db:"-"`
 }
 
