@@ -330,6 +330,18 @@ SELECT w.status, coalesce($2 = ANY(w.signals), false), (SELECT id FROM s),
        EXISTS (SELECT 1 FROM compute_workflow_signals d WHERE d.workflow_id = $1 AND d.dedup_key = $4)
 FROM w`
 
+// dedupWaitSQL waits, before signalSQL takes the workflow's row FOR KEY
+// SHARE, for a step that is consuming the signal with the same dedup key ($1
+// workflow id, $2 dedup key), and keeps any other step from consuming it
+// until this transaction ends. Without it a repeat of a signal deadlocks with the step
+// that consumes the first one: signalSQL's insert waits for the step's
+// transaction (the unique check waits for the consuming UPDATE of the row it
+// conflicts with) while holding FOR KEY SHARE, and the step's COMMIT waits for
+// that lock (the barrier's FOR UPDATE). FOR SHARE is the weakest mode that
+// waits for that UPDATE; holding nothing else of the workflow's yet, this
+// transaction's wait here blocks no step.
+const dedupWaitSQL = `SELECT 1 FROM compute_workflow_signals WHERE workflow_id = $1 AND dedup_key = $2 FOR SHARE`
+
 // SignalTx sends the signal name with payload to workflow id, in the caller's
 // transaction: if tx rolls back, nothing was sent. A signal the workflow does
 // not wait for yet waits in its inbox. Unknown workflow: NOT_FOUND; a name the
@@ -338,8 +350,10 @@ FROM w`
 // holding a NUL byte) or payload is INVALID_ARGUMENT before any statement is
 // sent: tx stays usable.
 //
-// It does not wait for a step of the workflow in progress (see signalSQL): a
-// signal sent during a step is stored at once, and the workflow's next await
+// It does not wait for a step of the workflow in progress (see signalSQL),
+// except for a step consuming the signal this one repeats (same dedup key: see
+// dedupWaitSQL), whose commit it then reports as a duplicate. A signal sent
+// during a step is stored at once, and the workflow's next await
 // sees it, whatever the order of the two commits. A step that commits a wait,
 // or finishes the workflow, waits instead for the signals in flight: keep the
 // transaction short after SignalTx. A signal accepted while the workflow was
@@ -365,6 +379,9 @@ func SignalTx(ctx context.Context, tx pgx.Tx, id, name string, payload any, opts
 		dedup = opts.DedupKey
 	}
 	b := &pgx.Batch{}
+	if dedup != nil {
+		b.Queue(dedupWaitSQL, id, dedup)
+	}
 	b.Queue(signalSQL, id, name, string(enc), dedup, tracing.CauseOrNil(ctx))
 	// A second statement, with a snapshot taken after the lock: it sees the
 	// wait and the job of a step whose COMMIT this transaction's lock waited
@@ -378,6 +395,12 @@ func SignalTx(ctx context.Context, tx pgx.Tx, id, name string, payload any, opts
 		sigID  *int64
 		seen   bool
 	)
+	if dedup != nil {
+		if _, err := res.Exec(); err != nil {
+			_ = res.Close()
+			return SignalResult{}, pg.Translate(fmt.Errorf("error signalling workflow %s: %w", id, err))
+		}
+	}
 	err = res.QueryRow().Scan(&status, &known, &sigID, &seen)
 	if errors.Is(err, pgx.ErrNoRows) {
 		_ = res.Close()

@@ -248,6 +248,68 @@ func TestSignalDuringAFinishingStep(t *testing.T) {
 	t.Logf("SignalTx while the finishing step holds the row: %s", took)
 }
 
+// TestARepeatedSignalDuringItsConsumptionDoesNotDeadlock: a repeat of a
+// signal (same dedup key) sent while the step that consumes the first one is
+// between its consuming UPDATE and its COMMIT waits for that step, and is a
+// duplicate; the step commits. The step's transaction is played by hand, as
+// the step worker writes it: the row locked FOR NO KEY UPDATE (LockTx), the
+// signal's row updated (consumeSQL), the workflow's row updated with a wait
+// (which arms the barrier), COMMIT. Before the fix the repeat took the row
+// FOR KEY SHARE, then waited in its insert's unique check for the step, whose
+// COMMIT waited for that lock: deadlock (40P01), as the README's checkout
+// program met it when paid twice.
+func TestARepeatedSignalDuringItsConsumptionDoesNotDeadlock(t *testing.T) {
+	t.Parallel()
+	e := start(t, gateWorkflow())
+	ctx := context.Background()
+	const id = "gate-repeat"
+	g := holdStep(t, e, id, gateIn{})
+	close(g.release)
+	waitStatus(t, e.db.Pool, id, workflow.Waiting)
+
+	step, err := e.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = step.Rollback(ctx) })
+	_, err = step.Exec(ctx, `SELECT 1 FROM compute_workflows WHERE id = $1 FOR NO KEY UPDATE`, id)
+	require.NoError(t, err)
+	first := signal(t, e.db.Pool, id, "go", map[string]int{"n": 5}, "pay")
+	require.Positive(t, first.ID)
+	_, err = step.Exec(ctx, `UPDATE compute_workflow_signals SET consumed_at = NULL WHERE id = $1`, first.ID)
+	require.NoError(t, err)
+	_, err = step.Exec(ctx, `UPDATE compute_workflows SET wait = wait WHERE id = $1`, id)
+	require.NoError(t, err)
+	stepPID := backendPID(t, step)
+
+	type result struct {
+		res workflow.SignalResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var res workflow.SignalResult
+		err := pg.InTx(ctx, e.db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+			var err error
+			res, err = workflow.SignalTx(ctx, tx, id, "go", map[string]int{"n": 6}, &workflow.SignalOpts{DedupKey: "pay"})
+			return err
+		})
+		done <- result{res, err}
+	}()
+	require.Eventually(t, func() bool {
+		return e.db.MustCount(t, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, stepPID) > 0
+	}, 10*time.Second, 5*time.Millisecond, "the repeated signal never waited for the consuming step")
+	require.NoError(t, step.Commit(ctx), "the consuming step's COMMIT")
+	select {
+	case r := <-done:
+		require.NoError(t, r.err, "the repeated signal")
+		require.True(t, r.res.Duplicate)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the repeated signal did not return after the step committed")
+	}
+	i := finish(t, e, id)
+	require.JSONEq(t, `5`, string(i.Result))
+	require.Equal(t, 1, e.db.MustCount(t, `SELECT count(*) FROM compute_workflow_signals WHERE workflow_id = $1`, id))
+}
+
 // TestAStepsCommitWaitsForASignalNoLongerThanItsStatementTimeout: a sender
 // that keeps its transaction open after SignalTx holds up the COMMIT of the
 // step that awaits (its barrier waits for the signal), but no longer than the
