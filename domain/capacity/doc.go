@@ -21,12 +21,21 @@
 //
 //   - No two live bookings (hold or confirmed) of one device overlap in time.
 //     The exclusion constraint capacity_bookings_no_overlap, EXCLUDE USING gist
-//     (device_id WITH =, during WITH &&) WHERE (state IN ('hold', 'confirmed')),
-//     holds it whatever the code does; the code never leaves it to chance either:
-//     every writer of a device's bookings locks the device first, so a booking
-//     lost to a concurrent reservation is found under the lock, and an exclusion
-//     violation (SQLSTATE 23P01) is a retry on the next device or CONFLICT, never
-//     an INTERNAL_ERROR.
+//     over device_id and during for the live states, holds it whatever the code
+//     does; the code never leaves it to chance either: every writer of a
+//     device's bookings locks the device first, so a booking lost to a
+//     concurrent reservation is found under the lock (the fast path's 23P01,
+//     the slow path's ON CONFLICT DO NOTHING), a retry on the next device or
+//     CONFLICT, never an INTERNAL_ERROR.
+//   - Only the constraint's own checks scan its GiST index. Its columns and
+//     predicate are expressions no query names (migrations/capacity/0007), so
+//     the planner cannot choose it, and device lookups use the btree index
+//     capacity_bookings_device_live. PostgreSQL 15's GiST scans, rescanned as
+//     the inner side of a nested loop across a split of the index's root, mark
+//     live entries dead (docs/postgres-gist-killitems.sql reproduces it): the
+//     constraint then misses them and admits an overlap. That was the torture
+//     test's rare violation; TestOverlapConstraintSurvivesRescansAcrossItsIndexSplit
+//     forces such plans and checks every booking still refuses its overlap.
 //   - A tenant's quota usage in a pool equals its live bookings there and never
 //     exceeds its limit (a CHECK makes an overdraft impossible).
 //   - Every node's resources and every pool's capacity rollup equal a recount of
