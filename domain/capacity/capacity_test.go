@@ -141,13 +141,14 @@ SELECT r.id, 'p-n0-d00', 'p-n0', 'p', 'acme', tstzrange($1, $2), $3 FROM r`, fro
 // TestReserveRetriesAnotherDeviceOn23P01 makes the first device's booking fail
 // with an exclusion violation: a booking inserted directly by another
 // transaction (bypassing the device lock) that commits while the reservation
-// waits on the constraint. The reservation moves to the next device in a
-// savepoint and succeeds.
+// waits on the constraint. The reservation moves on to the next devices, device
+// by device, and succeeds; those bookings are written without a savepoint each,
+// so one subtransaction (one xmin) wrote them all.
 func TestReserveRetriesAnotherDeviceOn23P01(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	makePool(t, db, poolSpec{ID: "p", Nodes: 1, PerNode: 2, Tenants: map[string]int{"acme": 5, "rogue": 5}})
+	makePool(t, db, poolSpec{ID: "p", Nodes: 1, PerNode: 3, Tenants: map[string]int{"acme": 5, "rogue": 5}})
 	db.MustExec(t, `INSERT INTO capacity_reservations (pool_id, tenant, during, device_count, expires_at)
 	                VALUES ('p', 'rogue', tstzrange($1, $2), 1, $2)`, t0, t0.Add(time.Hour))
 
@@ -164,7 +165,7 @@ func TestReserveRetriesAnotherDeviceOn23P01(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		r, err := reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 1, Start: t0, End: t0.Add(time.Hour), TTL: time.Minute})
+		r, err := reserve(t, db.Pool, capacity.ReserveParams{PoolID: "p", Tenant: "acme", Devices: 2, Start: t0, End: t0.Add(time.Hour), TTL: time.Minute})
 		done <- result{r, err}
 	}()
 	// Wait until the reservation waits on the rogue transaction (the constraint
@@ -176,8 +177,10 @@ func TestReserveRetriesAnotherDeviceOn23P01(t *testing.T) {
 	require.NoError(t, rogue.Commit(ctx))
 	res := <-done
 	require.NoError(t, res.err, "a 23P01 is a retry on the next device, never an error")
-	require.Equal(t, []string{"p-n0-d01"}, res.r.Devices)
+	require.Equal(t, []string{"p-n0-d01", "p-n0-d02"}, res.r.Devices)
 	require.Equal(t, 1, res.r.Retries)
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(DISTINCT xmin::text) FROM capacity_bookings WHERE reservation_id = $1`, res.r.ID),
+		"the bookings of one group were written by several subtransactions")
 	checkInvariantsExceptQuota(t, db)
 }
 

@@ -57,8 +57,9 @@ func (p *ReserveParams) validate() error {
 // node-by-node order (so concurrent reservations spread over the nodes). If one
 // of them was taken meanwhile (an exclusion violation, SQLSTATE 23P01) or there
 // are too few, that attempt rolls back (to its savepoint) and the reservation is
-// made again device by device, each in a savepoint of its own, a lost device
-// being given up for the next (counted in Reservation.Retries); only if that
+// made again device by device, a lost device (one the guarded insert or the
+// exclusion constraint finds taken: no row, no error, so no savepoint per
+// device) being given up for the next (counted in Reservation.Retries); only if that
 // finds too few devices does a second pass wait for the devices other
 // transactions hold, in device id order. Everything runs in a savepoint: an
 // error leaves tx as it was.
@@ -376,12 +377,15 @@ SELECT d.id, d.node_id, d.spread
 
 // insertBookingSQL books device $2 for reservation $1 if, in this statement's
 // snapshot (taken under the device's lock), its node is active and nothing
-// overlaps: no row means the device was lost since it was chosen.
+// overlaps: no row means the device was lost since it was chosen. ON CONFLICT
+// turns an overlap the snapshot did not show (a booking committed since) into
+// no row as well, instead of a 23P01 that would need a savepoint to survive.
 var insertBookingSQL = `
 INSERT INTO capacity_bookings (reservation_id, device_id, node_id, pool_id, tenant, during, state)
 SELECT $1, d.id, d.node_id, d.pool_id, $5, tstzrange($3, $4), 'hold'
   FROM capacity_devices d
  WHERE d.id = $2 AND ` + freeDeviceSQL(3, 4) + `
+ON CONFLICT ON CONSTRAINT capacity_bookings_no_overlap DO NOTHING
 RETURNING device_id, node_id`
 
 // bookGroup books p.Devices devices of one group (the whole pool when link is
@@ -389,8 +393,8 @@ RETURNING device_id, node_id`
 // supply them all.
 //
 // The first pass (wait false) never waits for a lock: from a random point of
-// the pool's (spread, id) order it books device by device, each in a savepoint
-// of its own, moving past a device it lost, around the whole order. The second
+// the pool's (spread, id) order it books device by device, moving past a
+// device it lost, around the whole order. The second
 // pass (wait true) waits for the devices other transactions hold, in id order,
 // holding only lower-ordered devices of the group.
 func bookGroup(ctx context.Context, tx pgx.Tx, p *ReserveParams, resID int64, link string, wait bool) (got []booked, retries int, err error) {
@@ -483,25 +487,16 @@ func bookOne(ctx context.Context, tx pgx.Tx, p *ReserveParams, resID int64, c bo
 	return nil
 }
 
-// errLost rolls back a device's savepoint when the device was taken.
-var errLost = errors.New("device lost")
-
-// bookDevice books one locked device in its own savepoint. It reports false when
-// the device was lost to another reservation: an exclusion violation (23P01),
-// which rolls back only the savepoint, or the guarded insert finding it taken.
+// bookDevice books one locked device. It reports false when the device was
+// lost to another reservation (the guarded insert found it taken, or the
+// exclusion constraint did): no savepoint, since neither is an error.
 func bookDevice(ctx context.Context, tx pgx.Tx, p *ReserveParams, resID int64, device string) (bool, error) {
-	err := pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
-		var dev, node string
-		err := tx.QueryRow(ctx, insertBookingSQL, resID, device, p.Start, p.End, p.Tenant).Scan(&dev, &node)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return errLost
-		}
-		return err
-	})
+	var dev, node string
+	err := tx.QueryRow(ctx, insertBookingSQL, resID, device, p.Start, p.End, p.Tenant).Scan(&dev, &node)
 	switch {
 	case err == nil:
 		return true, nil
-	case errors.Is(err, errLost), pg.SQLState(err) == "23P01":
+	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil
 	}
 	return false, translate(err, "booking of device %s", device)
