@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
@@ -80,7 +81,12 @@ func TestWorkerRunsAndStops(t *testing.T) {
 	cancel()
 	r := <-done
 	require.Equal(t, 0, r.Code, r.Stderr)
-	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE expires_at > compute_now()`), "leases released on stop")
+	rows, err := db.Pool.Query(context.Background(), `SELECT format('%s owner %s epoch %s expires %s acquired %s', name, owner, epoch, expires_at, acquired_at)
+		FROM compute_leases WHERE expires_at > compute_now() ORDER BY name`)
+	require.NoError(t, err)
+	held, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Empty(t, held, "leases released on stop; the worker's log:\n%s", r.Stderr)
 	require.Equal(t, 4, db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE name LIKE 'shard/%'`))
 }
 
