@@ -1,6 +1,6 @@
 -- A GiST index loses live entries when a rescanned index scan runs across a
 -- split of the index's root page (PostgreSQL 15.18; found by Better Compute's
--- capacity torture test, see migrations/capacity/0007_overlap_index_out_of_reach.sql).
+-- capacity torture test, see migrations/capacity/0008_overlap_index_out_of_reach.sql).
 --
 -- Run it in an empty database:  psql -X -f docs/postgres-gist-killitems.sql
 -- It ends by showing live rows that an index scan no longer finds, and an

@@ -28,7 +28,7 @@
 //     the slow path's ON CONFLICT DO NOTHING), a retry on the next device or
 //     CONFLICT, never an INTERNAL_ERROR.
 //   - Only the constraint's own checks scan its GiST index. Its columns and
-//     predicate are expressions no query names (migrations/capacity/0007), so
+//     predicate are expressions no query names (migrations/capacity/0008), so
 //     the planner cannot choose it, and device lookups use the btree index
 //     capacity_bookings_device_live. PostgreSQL 15's GiST scans, rescanned as
 //     the inner side of a nested loop across a split of the index's root, mark

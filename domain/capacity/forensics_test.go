@@ -161,7 +161,7 @@ SELECT format('%s %s %s %s of reservation %s: %s %s by top-level xid %s(%s) at s
 // gistVersusSeqSQL lists, for every device with a suspect booking, its live
 // bookings as the exclusion constraint's gist index finds them (an index scan
 // forced, as the constraint's check reads it: the query names the index's
-// expressions and predicate, which no other query does, see capacity/0007) and
+// expressions and predicate, which no other query does, see capacity/0008) and
 // as a sequential scan finds them: a booking only the second finds is missing
 // from the index, or its item is marked dead.
 const gistVersusSeqSQL = disagreementSQL + `

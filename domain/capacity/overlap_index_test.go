@@ -21,7 +21,7 @@ import (
 // root splits in the middle of such a statement, the next round applies the
 // remembered offsets, which belonged to the old root page, to a new leaf: live
 // bookings' index items are marked dead, every later scan skips them, and the
-// exclusion constraint admits an overlapping booking (see capacity/0007).
+// exclusion constraint admits an overlapping booking (see capacity/0008).
 //
 // The statement here is the kind the capacity code and the invariant checks
 // run: for each device of the pool, NOT EXISTS a live booking over a range,
@@ -30,8 +30,8 @@ import (
 // writer's bookings (capacity_reserve_fast, planned under the same settings)
 // split the index's root. Sequential and bitmap scans are off, so every plan
 // takes an index scan wherever one is possible: with the exclusion index out of
-// the planner's reach (capacity/0007) none is, and afterwards every live
-// booking still refuses an overlapping one. Before 0007 this test admits
+// the planner's reach (capacity/0008) none is, and afterwards every live
+// booking still refuses an overlapping one. Before 0008 this test admits
 // overlaps with about a tenth of the 240 bookings.
 func TestOverlapConstraintSurvivesRescansAcrossItsIndexSplit(t *testing.T) {
 	t.Parallel()

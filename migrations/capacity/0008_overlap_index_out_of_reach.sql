@@ -1,4 +1,4 @@
--- capacity/0007_overlap_index_out_of_reach: the exclusion constraint's GiST
+-- capacity/0008_overlap_index_out_of_reach: the exclusion constraint's GiST
 -- index is rebuilt on expressions no query names, so that only the constraint's
 -- own checks ever scan it, and a btree index serves the reads by device.
 --
@@ -33,6 +33,12 @@
 -- live bookings commit, ADD CONSTRAINT fails with 23P01 naming them, and this
 -- migration rolls back: release one of the two (capacity.ReleaseTx), then
 -- migrate again.
+--
+-- This release's capacity.ReserveTx calls capacity_reserve_fast (0006) again,
+-- then books device by device with ON CONFLICT DO NOTHING (no savepoint per
+-- device). capacity_reserve_begin and capacity_book_group (0007) are no longer
+-- called; they stay for binaries of the previous release during a rolling
+-- upgrade, and read the bookings through the new btree index like any query.
 CREATE INDEX capacity_bookings_device_live ON capacity_bookings (device_id, lower(during))
     WHERE state IN ('hold', 'confirmed');
 
