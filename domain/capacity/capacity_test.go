@@ -149,15 +149,7 @@ func TestReserveRetriesAnotherDeviceOn23P01(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	makePool(t, db, poolSpec{ID: "p", Nodes: 1, PerNode: 3, Tenants: map[string]int{"acme": 5, "rogue": 5}})
-	db.MustExec(t, `INSERT INTO capacity_reservations (pool_id, tenant, during, device_count, expires_at)
-	                VALUES ('p', 'rogue', tstzrange($1, $2), 1, $2)`, t0, t0.Add(time.Hour))
-
-	rogue, err := db.Begin(ctx)
-	require.NoError(t, err)
-	defer rogue.Rollback(ctx)
-	_, err = rogue.Exec(ctx, `INSERT INTO capacity_bookings (reservation_id, device_id, node_id, pool_id, tenant, during, state)
-	                          VALUES (1, 'p-n0-d00', 'p-n0', 'p', 'rogue', tstzrange($1, $2), 'hold')`, t0, t0.Add(time.Hour))
-	require.NoError(t, err)
+	rogue := rogueBooking(t, db, "p-n0-d00", "p-n0")
 
 	type result struct {
 		r   *capacity.Reservation
@@ -182,6 +174,24 @@ func TestReserveRetriesAnotherDeviceOn23P01(t *testing.T) {
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(DISTINCT xmin::text) FROM capacity_bookings WHERE reservation_id = $1`, res.r.ID),
 		"the bookings of one group were written by several subtransactions")
 	checkInvariantsExceptQuota(t, db)
+}
+
+// rogueBooking books device (of node, in pool p) over [t0, t0+1h) for tenant
+// rogue in a transaction it leaves open, as no code of ours would: without the
+// device's lock, the quota or the counters. The test commits it.
+func rogueBooking(t *testing.T, db *pgtest.DB, device, node string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	var id int64
+	require.NoError(t, db.QueryRow(ctx, `INSERT INTO capacity_reservations (pool_id, tenant, during, device_count, expires_at)
+	                                      VALUES ('p', 'rogue', tstzrange($1, $2), 1, $2) RETURNING id`, t0, t0.Add(time.Hour)).Scan(&id))
+	rogue, err := db.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rogue.Rollback(ctx) })
+	_, err = rogue.Exec(ctx, `INSERT INTO capacity_bookings (reservation_id, device_id, node_id, pool_id, tenant, during, state)
+	                          VALUES ($1, $2, $3, 'p', 'rogue', tstzrange($4, $5), 'hold')`, id, device, node, t0, t0.Add(time.Hour))
+	require.NoError(t, err)
+	return rogue
 }
 
 // checkInvariantsExceptQuota is checkInvariants for a test whose rogue bookings

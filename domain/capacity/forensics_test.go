@@ -276,6 +276,11 @@ func invariantsBothWaysSQL() string {
 
 func quoteSQL(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
+// liveBookingsSQL lists bookings b, each as id@ctid state range; livegist and
+// liveseq add the WHERE that reads them through the gist index or the heap.
+const liveBookingsSQL = `SELECT coalesce(string_agg(b.id || '@' || b.ctid || ' ' || b.state || ' ' || b.during, ', ' ORDER BY b.id), '')
+  FROM capacity_bookings b`
+
 // helperFunctionsSQL are the report's session helpers: seqcount runs a count
 // with index and bitmap scans off (SET LOCAL in the function's own scope),
 // btcheck runs bt_index_check and returns its error as text.
@@ -289,14 +294,12 @@ BEGIN
 END $$;
 CREATE FUNCTION pg_temp.livegist(dev text) RETURNS text LANGUAGE sql
     SET enable_seqscan = off SET enable_bitmapscan = off AS $$
-SELECT coalesce(string_agg(b.id || '@' || b.ctid || ' ' || b.state || ' ' || b.during, ', ' ORDER BY b.id), '')
-  FROM capacity_bookings b
+` + liveBookingsSQL + `
  WHERE (b.device_id || '') = dev AND (b.during * '(,)'::tstzrange) && '(,)'::tstzrange AND (b.state || '') IN ('hold', 'confirmed')
 $$;
 CREATE FUNCTION pg_temp.liveseq(dev text) RETURNS text LANGUAGE sql
     SET enable_indexscan = off SET enable_bitmapscan = off SET enable_indexonlyscan = off AS $$
-SELECT coalesce(string_agg(b.id || '@' || b.ctid || ' ' || b.state || ' ' || b.during, ', ' ORDER BY b.id), '')
-  FROM capacity_bookings b WHERE b.device_id = dev AND b.during && tstzrange(NULL, NULL) AND b.state IN ('hold', 'confirmed')
+` + liveBookingsSQL + ` WHERE b.device_id = dev AND b.during && tstzrange(NULL, NULL) AND b.state IN ('hold', 'confirmed')
 $$;
 CREATE FUNCTION pg_temp.btcheck(i oid) RETURNS text LANGUAGE plpgsql AS $$
 BEGIN

@@ -332,9 +332,9 @@ FROM w`
 
 // dedupWaitSQL waits, before signalSQL takes the workflow's row FOR KEY
 // SHARE, for a step that is consuming the signal with the same dedup key ($1
-// workflow id, $2 dedup key), and keeps any other step from consuming it
-// until this transaction ends. Without it a repeat of a signal deadlocks with the step
-// that consumes the first one: signalSQL's insert waits for the step's
+// workflow id, $2 dedup key), and keeps any other step from consuming it until
+// this transaction ends. Without it a repeat of a signal deadlocks with the
+// step that consumes the first one: signalSQL's insert waits for the step's
 // transaction (the unique check waits for the consuming UPDATE of the row it
 // conflicts with) while holding FOR KEY SHARE, and the step's COMMIT waits for
 // that lock (the barrier's FOR UPDATE). FOR SHARE is the weakest mode that
