@@ -224,7 +224,7 @@ func TestKeeperReportsLossAtOnce(t *testing.T) {
 	var lost, acquired []string
 	k := lease.NewKeeper(lease.KeeperOptions{
 		DB: db.Pool, Owner: "k1", TTL: 9 * time.Second, Renew: time.Second, Log: workertest.Logger(t),
-		OnAcquired: func(l lease.Lease) { mu.Lock(); acquired = append(acquired, l.Name); mu.Unlock() },
+		OnAcquired: func(a lease.Acquired) { mu.Lock(); acquired = append(acquired, a.Name); mu.Unlock() },
 		OnLost:     func(l lease.Lease) { mu.Lock(); lost = append(lost, l.Name); mu.Unlock() },
 	})
 	k.Want("sink/a", "sink/b")

@@ -16,7 +16,9 @@ import (
 // shard leases it wants are taken over by its keeper's first round, with their
 // running jobs (handBack).
 func (rt *Runtime) claim(ctx context.Context, want []string) error {
-	inc, err := lease.Claim(ctx, rt.ctl, lease.ClaimOptions{Identity: rt.o.Identity, Heartbeat: rt.o.Heartbeat})
+	inc, err := lease.Claim(ctx, rt.ctl, lease.ClaimOptions{
+		Identity: rt.o.Identity, Heartbeat: rt.o.Heartbeat, MissedBeats: rt.o.MissedBeats,
+	})
 	if err != nil {
 		return err
 	}

@@ -66,8 +66,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bettercompute_lease_takeovers_total",
-			Help: "Shard leases this process took over from a previous holding (another process's, expired or released), by shard queue.",
-		}, []string{"queue"}),
+			Help: "Shard leases this process took over from another holder, by shard queue and reason: restart (a later incarnation of the holder's identity), heartbeat_lost (the holder's heartbeat had stopped), lease_expired, released (the holder released it or stopped).",
+		}, []string{"queue", "reason"}),
 	}
 	m.reg = reg
 	reg.MustRegister(m.jobs, m.jobSeconds, m.reconcile, m.latency, m.leasesHeld, m.fences, m.handedBackN, m.takeovers)
@@ -106,11 +106,11 @@ func (m *Metrics) fenced(queue string) {
 	}
 }
 
-// tookOver counts an acquired shard lease whose epoch says another holding
-// had it before (the first holder of a lease gets epoch 1).
-func (m *Metrics) tookOver(queue string, epoch int64) {
-	if m.takeovers != nil && epoch > 1 {
-		m.takeovers.WithLabelValues(queue).Inc()
+// tookOver counts an acquired shard lease taken from another holder, by why
+// it could be taken (lease.Reason…); reason "" is no takeover.
+func (m *Metrics) tookOver(queue, reason string) {
+	if m.takeovers != nil && reason != "" {
+		m.takeovers.WithLabelValues(queue, reason).Inc()
 	}
 }
 

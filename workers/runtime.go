@@ -41,6 +41,9 @@ type Options struct {
 	// Heartbeat is how often the incarnation records it is alive; default
 	// lease.HeartbeatEvery.
 	Heartbeat time.Duration
+	// MissedBeats is how many heartbeats it may miss before any standby takes
+	// its shards; default lease.MissedBeats.
+	MissedBeats int
 	// Shards to serve. Empty: the process works only the maintenance queue.
 	Shards []int
 	// Work false makes an insert-only client (serve uses one for River UI).
@@ -289,10 +292,16 @@ func (rt *Runtime) run(names []string) error {
 		rt.claimWG.Add(1)
 		go rt.scoutLoop()
 	}
-	go rt.inc.Run(rt.runCtx, rt.halt, func(err error) {
-		rt.log.Debug().Err(err).Msg("heartbeat failed; retrying")
-	})
 	rt.keeper = rt.newKeeper()
+	go rt.inc.Run(rt.runCtx, lease.Hooks{
+		Superseded: rt.halt,
+		Failed:     func(err error) { rt.log.Debug().Err(err).Msg("heartbeat failed; retrying") },
+		Resumed: func(silent time.Duration) {
+			rt.log.Warn().Dur("silent", silent).Dur("dead_after", rt.inc.DeadAfter()).
+				Msg("heartbeat resumed after a silence longer than dead_after (paused, or cut off from the database): a standby may have taken this worker's shards; checking its leases now")
+			rt.keeper.Wake()
+		},
+	})
 	rt.keeper.Want(names...)
 	rt.keeperWG.Add(1)
 	go func() { defer rt.keeperWG.Done(); rt.keeper.Run(rt.runCtx) }()
@@ -326,8 +335,8 @@ func (rt *Runtime) newKeeper() *lease.Keeper {
 				rt.log.Warn().Err(err).Msg("could not hand back stray jobs; the next lease round retries")
 			}
 		},
-		OnAcquired: func(l lease.Lease) { rt.leaseChanged(l, true) },
-		OnLost:     func(l lease.Lease) { rt.leaseChanged(l, false) },
+		OnAcquired: func(a lease.Acquired) { rt.leaseChanged(a.Lease, true, a.Reason) },
+		OnLost:     func(l lease.Lease) { rt.leaseChanged(l, false, "") },
 		OnRound:    rt.leaseRoundHook(), // nil unless tracing
 	})
 }
@@ -476,8 +485,9 @@ func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, when string, ls ...
 	return len(byQueue), nil
 }
 
-// leaseChanged reacts to an acquired or lost shard lease.
-func (rt *Runtime) leaseChanged(l lease.Lease, acquired bool) {
+// leaseChanged reacts to an acquired or lost shard lease; reason is why an
+// acquisition could take it from another holder ("" for none).
+func (rt *Runtime) leaseChanged(l lease.Lease, acquired bool, reason string) {
 	n, ok := strings.CutPrefix(l.Name, "shard/")
 	if !ok {
 		return
@@ -490,7 +500,7 @@ func (rt *Runtime) leaseChanged(l lease.Lease, acquired bool) {
 		rt.cancelQueue(queue, fault.New(fault.Fenced, "lease %s lost", l.Name))
 		rt.wakeClaimLoop(shard) // it sees the loss and ends
 	} else {
-		rt.metrics.tookOver(queue, l.Epoch)
+		rt.metrics.tookOver(queue, reason)
 		rt.startClaimLoop(shard)
 	}
 	rt.mu.Lock()

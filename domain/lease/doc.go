@@ -5,7 +5,10 @@
 // # Invariants
 //
 //   - At most one owner holds a name at a time: acquiring succeeds only when the
-//     caller already owns the row or the row has expired (by compute_now()).
+//     caller already owns the row, the row has expired (by compute_now()), or
+//     its owner is a worker incarnation that is gone (below). The statement
+//     checks, on the row it locks, that the owner is still the one judged gone,
+//     so standbys that judged together take a name once, not in turn.
 //   - The epoch goes up exactly when the owner changes, so (owner, epoch) names
 //     one holding; a lease is never identified by its owner alone.
 //   - Fence runs SELECT … FOR KEY SHARE on the row with the caller's owner and
@@ -26,15 +29,21 @@
 //	        Acquire ok (epoch+1 if the owner changed)
 //	free ─────────────────────────────────────────▶ held ──Renew ok──▶ held
 //	 ▲                                               │
-//	 │ Release (expires_at = -infinity)              │ Renew finds another owner,
-//	 │ or expiry                                     │ or expiry passes unrenewed
+//	 │ Release (expires_at = -infinity), expiry,     │ Renew finds another owner,
+//	 │ or the holder's heartbeat lost                │ or expiry passes unrenewed
 //	 └───────────────────────────────────────────────┴──────────────▶ lost
+//
+// Every change of hands is counted in compute_lease_takeovers by why it was
+// allowed (Reason…: restart, heartbeat_lost, lease_expired, released), in the
+// statement that makes it.
 //
 // # Keeper
 //
 // A Keeper owns the leases of one process: it acquires the names it wants
 // (retrying a name held by another at the moment that holder's lease expires),
-// renews all it holds in one statement every renewal interval (5 s by default;
+// (or, when the holder is a worker incarnation, at its heartbeat deadline, if
+// that comes first), renews all it holds in one statement every renewal
+// interval (5 s by default;
 // shard and sink leases live 15 s), re-samples the clock anchor at each renewal
 // (CLOCK_SKEW beyond 1 s is logged at error level; the leases are kept, since
 // fencing and expiry are measured on the database's clock), and calls OnLost at
@@ -76,5 +85,32 @@
 //   - A superseded incarnation takes and renews nothing (AcquireMany and Renew
 //     check compute_workers in the same statement), and its next heartbeat
 //     returns CONFLICT, so it stops rather than flap.
-//   - Owners of another identity gain nothing: they wait out the TTL as before.
+//
+// # Liveness from the heartbeat
+//
+// Every incarnation beats (Run) every heartbeat interval (500 ms by default)
+// and declares, in compute_workers.dead_after, how long it may be silent: the
+// interval times the beats it may miss (4 by default: 2 s). Once its last beat
+// is older than that by compute_now(), it is gone for every owner, not only
+// for its own identity's next incarnation: any standby takes its leases at
+// once, with a new epoch, without waiting out their TTL. The TTL stays the
+// upper bound (a row that declares no dead_after, written by an older binary,
+// is taken at expiry only; so is an owner that is not a worker incarnation).
+//
+//	holder beats ──(silent > dead_after)──▶ gone: any owner may take its names
+//	     ▲                                     │
+//	     └──── a beat again (it was paused) ◀──┘ live again, as a standby: its
+//	                                             renewals find its names taken
+//
+// Invariants:
+//
+//   - Safety never rests on the heartbeat: a holder judged gone while it was
+//     only paused or cut off is fenced as after any takeover (its next fenced
+//     transaction finds the new epoch), and its renewal finds the names taken.
+//   - A live holder keeps its leases under load: a beat is late only by what
+//     delays its statement, and dead_after is several beats (see the README's
+//     operating section for the margins).
+//   - A process that beats again after a silence longer than its dead_after
+//     (Hooks.Resumed) checks its leases at once (Keeper.Wake), so a paused
+//     process learns of a takeover within one round of waking.
 package lease

@@ -12,17 +12,23 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/bettercompute/bettercompute/platform/config"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
 
 // HeartbeatEvery is how often a live incarnation records, in compute_workers,
-// that it is alive.
-const HeartbeatEvery = time.Second
+// that it is alive, unless configured otherwise (BETTER_COMPUTE_HEARTBEAT).
+const HeartbeatEvery = config.DefaultHeartbeat
 
-// silentAfter is how long an incarnation may miss its heartbeat before the next
-// incarnation of its identity takes it for dead without further proof.
-func silentAfter(hb time.Duration) time.Duration { return 3 * hb }
+// MissedBeats is how many heartbeats an incarnation may miss before it is
+// taken for dead, unless configured otherwise (BETTER_COMPUTE_MISSED_BEATS).
+const MissedBeats = config.DefaultMissedBeats
+
+// legacyDeadAfter is how long an incarnation that declared no dead_after (a
+// binary from before heartbeat takeovers) may be silent before a restart of its
+// identity takes it for dead: three of its one-second beats.
+const legacyDeadAfter = 3 * time.Second
 
 var identityRe = regexp.MustCompile(`^[A-Za-z0-9._:@/-]{1,200}$`)
 
@@ -45,6 +51,10 @@ type ClaimOptions struct {
 	Host string
 	// Heartbeat is the interval Run beats at; default HeartbeatEvery.
 	Heartbeat time.Duration
+	// MissedBeats is how many beats the incarnation may miss before any
+	// standby takes its leases (default MissedBeats): it declares
+	// Heartbeat × MissedBeats as its dead_after.
+	MissedBeats int
 }
 
 // Incarnation is one start of a worker identity. Its leases are owned by
@@ -56,9 +66,14 @@ type Incarnation struct {
 	// gone; nil for a new identity.
 	Took *Predecessor
 
-	db pg.DBTX
-	hb time.Duration
+	db        pg.DBTX
+	hb        time.Duration
+	deadAfter time.Duration
 }
+
+// DeadAfter is how long this incarnation may be silent before any standby
+// takes its leases: its heartbeat interval times the beats it may miss.
+func (i *Incarnation) DeadAfter() time.Duration { return i.deadAfter }
 
 // Predecessor is the incarnation a Claim replaced.
 type Predecessor struct {
@@ -109,17 +124,19 @@ type workerRow struct {
 	stopped     bool
 	silent      time.Duration // since the last heartbeat, by the database clock
 	seenAt      time.Time
+	deadAfter   time.Duration // as the incarnation declared it, or legacyDeadAfter
 }
 
 const readWorkerSQL = `SELECT incarnation, host, pid, boot_id, proc_start, stopped_at IS NOT NULL,
-       extract(epoch FROM compute_now() - seen_at)::float8, seen_at
+       extract(epoch FROM compute_now() - seen_at)::float8, seen_at,
+       coalesce(extract(epoch FROM dead_after)::float8, 0)
 FROM compute_workers WHERE identity = $1`
 
 func readWorker(ctx context.Context, db pg.DBTX, identity string) (workerRow, bool, error) {
 	var r workerRow
-	var silent float64
+	var silent, deadAfter float64
 	err := db.QueryRow(ctx, readWorkerSQL, identity).Scan(&r.incarnation, &r.host, &r.proc.pid, &r.proc.bootID,
-		&r.proc.start, &r.stopped, &silent, &r.seenAt)
+		&r.proc.start, &r.stopped, &silent, &r.seenAt, &deadAfter)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}
@@ -127,14 +144,18 @@ func readWorker(ctx context.Context, db pg.DBTX, identity string) (workerRow, bo
 		return r, false, pg.Translate(fmt.Errorf("error reading worker identity %s: %w", identity, err))
 	}
 	r.silent = time.Duration(silent * float64(time.Second))
+	r.deadAfter = time.Duration(deadAfter * float64(time.Second))
+	if r.deadAfter <= 0 {
+		r.deadAfter = legacyDeadAfter
+	}
 	return r, true, nil
 }
 
 // Claim starts a new incarnation of a worker identity. The incarnation it
 // replaces must be gone: stopped gracefully, its process exited (checked on this
-// host by pid, boot id and start time), or silent for three heartbeats; when none
-// of these can be told at once (another host), Claim watches the heartbeat for
-// two and a half intervals. A live one makes Claim return CONFLICT: two live
+// host by pid, boot id and start time), or silent for longer than the dead_after
+// it declared; when none of these can be told at once (another host), Claim
+// watches its heartbeat until that long has passed since its last beat. A live one makes Claim return CONFLICT: two live
 // processes with one identity would take each other's leases. With no Identity
 // configured, a live process on a slot makes Claim try the next slot instead.
 //
@@ -150,6 +171,9 @@ func Claim(ctx context.Context, db pg.DBTX, o ClaimOptions) (*Incarnation, error
 	}
 	if o.Heartbeat <= 0 {
 		o.Heartbeat = HeartbeatEvery
+	}
+	if o.MissedBeats <= 0 {
+		o.MissedBeats = MissedBeats
 	}
 	if o.Identity != "" {
 		if err := ValidIdentity(o.Identity); err != nil {
@@ -186,7 +210,7 @@ const (
 )
 
 // judge tells whether the incarnation in r is gone, live, or cannot be told yet.
-func judge(r workerRow, host string, auto bool, hb time.Duration) (verdict, string) {
+func judge(r workerRow, host string, auto bool) (verdict, string) {
 	if r.stopped {
 		return gone, "it stopped gracefully"
 	}
@@ -198,14 +222,14 @@ func judge(r workerRow, host string, auto bool, hb time.Duration) (verdict, stri
 				return gone, fmt.Sprintf("its process %d on this host has exited", r.proc.pid)
 			case auto:
 				return live, fmt.Sprintf("its process %d on this host is running", r.proc.pid)
-			case r.silent >= silentAfter(hb):
+			case r.silent >= r.deadAfter:
 				return gone, fmt.Sprintf("its process %d on this host runs but has not beaten for %s (paused?): it stops when it resumes", r.proc.pid, silent)
 			default:
 				return live, fmt.Sprintf("its process %d on this host is running (last heartbeat %s ago)", r.proc.pid, silent)
 			}
 		}
 	}
-	if r.silent >= silentAfter(hb) {
+	if r.silent >= r.deadAfter {
 		return gone, fmt.Sprintf("no heartbeat for %s", silent)
 	}
 	return unknown, ""
@@ -213,13 +237,14 @@ func judge(r workerRow, host string, auto bool, hb time.Duration) (verdict, stri
 
 func claimOne(ctx context.Context, db pg.DBTX, o ClaimOptions, identity string, auto bool) (*Incarnation, error) {
 	me := thisProcess()
+	deadAfter := o.Heartbeat * time.Duration(o.MissedBeats)
 	for {
 		var n int64
-		err := db.QueryRow(ctx, `INSERT INTO compute_workers (identity, incarnation, host, pid, boot_id, proc_start)
-VALUES ($1, 1, $2, $3, $4, $5) ON CONFLICT (identity) DO NOTHING RETURNING incarnation`,
-			identity, o.Host, me.pid, me.bootID, me.start).Scan(&n)
+		err := db.QueryRow(ctx, `INSERT INTO compute_workers (identity, incarnation, host, pid, boot_id, proc_start, dead_after)
+VALUES ($1, 1, $2, $3, $4, $5, make_interval(secs => $6)) ON CONFLICT (identity) DO NOTHING RETURNING incarnation`,
+			identity, o.Host, me.pid, me.bootID, me.start, deadAfter.Seconds()).Scan(&n)
 		if err == nil {
-			return &Incarnation{Identity: identity, Number: n, db: db, hb: o.Heartbeat}, nil
+			return &Incarnation{Identity: identity, Number: n, db: db, hb: o.Heartbeat, deadAfter: deadAfter}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return nil, pg.Translate(fmt.Errorf("error claiming worker identity %s: %w", identity, err))
@@ -231,7 +256,7 @@ VALUES ($1, 1, $2, $3, $4, $5) ON CONFLICT (identity) DO NOTHING RETURNING incar
 		if !found {
 			continue // deleted meanwhile: insert again
 		}
-		v, why := judge(r, o.Host, auto, o.Heartbeat)
+		v, why := judge(r, o.Host, auto)
 		if v == unknown {
 			if v, why, err = watch(ctx, db, identity, r, o.Heartbeat); err != nil {
 				return nil, err
@@ -244,25 +269,26 @@ VALUES ($1, 1, $2, $3, $4, $5) ON CONFLICT (identity) DO NOTHING RETURNING incar
 		}
 		err = db.QueryRow(ctx, `UPDATE compute_workers
 SET incarnation = incarnation + 1, host = $3, pid = $4, boot_id = $5, proc_start = $6,
-    started_at = compute_now(), seen_at = compute_now(), stopped_at = NULL
+    started_at = compute_now(), seen_at = compute_now(), stopped_at = NULL, dead_after = make_interval(secs => $7)
 WHERE identity = $1 AND incarnation = $2 RETURNING incarnation`,
-			identity, r.incarnation, o.Host, me.pid, me.bootID, me.start).Scan(&n)
+			identity, r.incarnation, o.Host, me.pid, me.bootID, me.start, deadAfter.Seconds()).Scan(&n)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // another process claimed it first: judge that one
 		}
 		if err != nil {
 			return nil, pg.Translate(fmt.Errorf("error claiming worker identity %s: %w", identity, err))
 		}
-		return &Incarnation{Identity: identity, Number: n, db: db, hb: o.Heartbeat,
+		return &Incarnation{Identity: identity, Number: n, db: db, hb: o.Heartbeat, deadAfter: deadAfter,
 			Took: &Predecessor{Number: r.incarnation, Host: r.host, PID: r.proc.pid, Reason: why}}, nil
 	}
 }
 
-// watch waits two and a half heartbeats for the incarnation of r to beat: it is
-// live if it does (or another process claimed the identity meanwhile), gone if
-// not.
+// watch waits for the incarnation of r to beat, until it has been silent for
+// its dead_after: it is live if it beats (or another process claimed the
+// identity meanwhile), gone if not. hb, this process's heartbeat interval,
+// paces the looks.
 func watch(ctx context.Context, db pg.DBTX, identity string, r workerRow, hb time.Duration) (verdict, string, error) {
-	deadline := time.Now().Add(hb*5/2 - r.silent)
+	deadline := time.Now().Add(r.deadAfter - r.silent)
 	for time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
@@ -277,7 +303,7 @@ func watch(ctx context.Context, db pg.DBTX, identity string, r workerRow, hb tim
 			return live, fmt.Sprintf("its heartbeat went on (host %s, pid %d)", r.host, r.proc.pid), nil
 		}
 	}
-	return gone, fmt.Sprintf("no heartbeat for %s", (hb * 5 / 2).Round(time.Millisecond)), nil
+	return gone, fmt.Sprintf("no heartbeat for %s", r.deadAfter.Round(time.Millisecond)), nil
 }
 
 // Beat records that this incarnation is alive. It returns CONFLICT when a later
@@ -307,31 +333,49 @@ WHERE identity = $1 AND incarnation = $2 AND stopped_at IS NULL`, i.Identity, i.
 		i.Identity, r.incarnation, r.host, r.proc.pid, i.Number)
 }
 
+// Hooks are what Run tells its process.
+type Hooks struct {
+	// Superseded is called once, with the CONFLICT, when a later incarnation
+	// of the identity replaced this one; Run returns after it.
+	Superseded func(error)
+	// Failed, optional, is called for every beat that failed (the database
+	// away); the next tick retries.
+	Failed func(error)
+	// Resumed, optional, is called after a beat that ended a silence longer
+	// than DeadAfter (the process was paused, or cut off from the database):
+	// any standby may have taken its leases meanwhile.
+	Resumed func(silent time.Duration)
+}
+
 // Run beats every heartbeat interval until ctx is done, or until a later
-// incarnation replaced this one: then it calls superseded once with the CONFLICT
-// and returns. A failed beat (the database away) is retried at the next tick;
-// failed reports every such failure.
-func (i *Incarnation) Run(ctx context.Context, superseded func(error), failed func(error)) {
+// incarnation replaced this one (Hooks.Superseded).
+func (i *Incarnation) Run(ctx context.Context, h Hooks) {
 	t := time.NewTicker(i.hb)
 	defer t.Stop()
+	last := time.Now() // the start of the last beat that succeeded
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		start := time.Now()
 		bctx, cancel := context.WithTimeout(ctx, 2*i.hb)
 		err := i.Beat(bctx)
 		cancel()
 		switch {
 		case err == nil:
+			if silent := start.Sub(last); silent > i.deadAfter && h.Resumed != nil {
+				h.Resumed(silent)
+			}
+			last = start
 		case ctx.Err() != nil:
 			return
 		case fault.Has(err, fault.Conflict):
-			superseded(err)
+			h.Superseded(err)
 			return
-		case ctx.Err() == nil && failed != nil:
-			failed(err)
+		case h.Failed != nil:
+			h.Failed(err)
 		}
 	}
 }

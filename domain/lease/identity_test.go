@@ -242,7 +242,7 @@ func TestRunStopsOnTakeover(t *testing.T) {
 	old, err := lease.Claim(ctx, db.Pool, lease.ClaimOptions{Identity: "r", Heartbeat: hb})
 	require.NoError(t, err)
 	got := make(chan error, 1)
-	go old.Run(ctx, func(err error) { got <- err }, nil)
+	go old.Run(ctx, lease.Hooks{Superseded: func(err error) { got <- err }})
 	exited(t, db, "r")
 	_, err = lease.Claim(ctx, db.Pool, lease.ClaimOptions{Identity: "r", Heartbeat: hb})
 	require.NoError(t, err)

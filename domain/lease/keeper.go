@@ -30,8 +30,9 @@ type KeeperOptions struct {
 	// hold l before (a start, or a takeover from another owner). An error rolls
 	// the acquisition back; it is retried at the next renewal.
 	Taken func(ctx context.Context, tx pgx.Tx, l Lease) error
-	// OnAcquired is called after the acquisition of l committed.
-	OnAcquired func(l Lease)
+	// OnAcquired is called after the acquisition of a holding committed, with
+	// the owner it was taken from and why (Acquired).
+	OnAcquired func(a Acquired)
 	// Kept is called after every round that renewed or took leases, with every
 	// lease held after it, outside the keeper's lock: what the holder must do
 	// for its leases at least once per renewal interval (the worker hands back
@@ -56,11 +57,28 @@ type Round struct {
 
 // Acquired is a holding a round took. Previous is the name's owner before it:
 // "" for a name never held, another owner's for a takeover, this keeper's
-// own for a holding it had let expire.
+// own for a holding it had let expire. Reason says why a takeover could take
+// it (one of the Reason… constants), "" when it was not a takeover.
 type Acquired struct {
 	Lease
 	Previous string
+	Reason   string
 }
+
+// Why a lease changed hands (Acquired.Reason, and the rows of
+// compute_lease_takeovers).
+const (
+	// ReasonRestart: a later incarnation of the holder's worker identity
+	// took it (the identity restarted).
+	ReasonRestart = "restart"
+	// ReasonHeartbeatLost: the holder's heartbeat had stopped for longer than
+	// the dead_after it declared (its interval times the beats it may miss).
+	ReasonHeartbeatLost = "heartbeat_lost"
+	// ReasonLeaseExpired: the holding had expired without a renewal.
+	ReasonLeaseExpired = "lease_expired"
+	// ReasonReleased: the holder had released it, or had stopped gracefully.
+	ReasonReleased = "released"
+)
 
 // Lost is a holding a round lost, and why.
 type Lost struct {
@@ -156,6 +174,11 @@ func (k *Keeper) HeldAll() []Lease {
 	return out
 }
 
+// Wake makes the keeper run a round now: its process has reason to think its
+// holdings changed (it was silent past its heartbeat deadline, so a standby may
+// have taken them).
+func (k *Keeper) Wake() { k.poke() }
+
 func (k *Keeper) poke() {
 	select {
 	case k.wake <- struct{}{}:
@@ -220,25 +243,22 @@ func (k *Keeper) tick(ctx context.Context) {
 	held, toTake := k.roundNames()
 	renewed, lost, ok := k.renewHeld(ctx, held)
 	if !ok {
-		k.report(start, nil, nil, nil, lost, LostExpired)
+		k.report(start, nil, nil, lost, LostExpired)
 		return
 	}
-	taken, previous, others, unreachable := k.takeWanted(ctx, toTake)
+	taken, others, unreachable := k.takeWanted(ctx, toTake)
 	k.sampleClock(ctx, unreachable)
 	acquired := k.record(renewed, lost, taken, others, unreachable)
 	k.announce(ctx, renewed, lost, acquired)
-	k.report(start, renewed, acquired, previous, lost, LostTaken)
+	k.report(start, renewed, acquired, lost, LostTaken)
 }
 
 // report hands a round that did something to OnRound.
-func (k *Keeper) report(start time.Time, renewed, acquired []Lease, previous map[string]string, lost []Lease, why string) {
+func (k *Keeper) report(start time.Time, renewed []Lease, acquired []Acquired, lost []Lease, why string) {
 	if k.o.OnRound == nil || len(renewed)+len(acquired)+len(lost) == 0 {
 		return
 	}
-	r := Round{Start: start, Renewed: renewed}
-	for _, l := range acquired {
-		r.Acquired = append(r.Acquired, Acquired{Lease: l, Previous: previous[l.Name]})
-	}
+	r := Round{Start: start, Renewed: renewed, Acquired: acquired}
 	for _, l := range lost {
 		r.Lost = append(r.Lost, Lost{Lease: l, Why: why})
 	}
@@ -296,12 +316,11 @@ func (k *Keeper) renewHeld(ctx context.Context, held []Lease) (renewed, lost []L
 
 // takeWanted takes toTake: the guarded upsert, waiting (at most one renewal
 // interval) for the previous holder's fenced transactions; the running jobs it
-// left are handed back in the same transaction (Taken). It returns the names
-// taken, their owners before (by name), those held by others, and whether the
-// database could not be reached.
-func (k *Keeper) takeWanted(ctx context.Context, toTake []string) (taken []Lease, previous map[string]string, others []Lease, unreachable bool) {
+// left are handed back in the same transaction (Taken). It returns the holdings taken, those held by
+// others, and whether the database could not be reached.
+func (k *Keeper) takeWanted(ctx context.Context, toTake []string) (taken []Acquired, others []holding, unreachable bool) {
 	if len(toTake) == 0 {
-		return nil, nil, nil, false
+		return nil, nil, false
 	}
 	err := pg.InTx(ctx, k.o.DB, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", max(k.o.Renew.Milliseconds(), 1))); err != nil {
@@ -311,25 +330,23 @@ func (k *Keeper) takeWanted(ctx context.Context, toTake []string) (taken []Lease
 		if err != nil {
 			return err
 		}
-		taken, others, previous = taken[:0], others[:0], map[string]string{}
+		taken, others = taken[:0], others[:0]
 		for _, h := range got {
-			l := h.Lease
-			if l.Owner != k.o.Owner {
-				others = append(others, l)
+			if h.Owner != k.o.Owner {
+				others = append(others, h)
 				continue
 			}
 			if k.o.Taken != nil {
-				if err := k.o.Taken(ctx, tx, l); err != nil {
+				if err := k.o.Taken(ctx, tx, h.Lease); err != nil {
 					return err
 				}
 			}
-			taken = append(taken, l)
-			previous[l.Name] = h.Previous
+			taken = append(taken, Acquired{Lease: h.Lease, Previous: h.Previous, Reason: h.Reason})
 		}
 		return nil
 	})
 	if err == nil {
-		return taken, previous, others, false
+		return taken, others, false
 	}
 	if ctx.Err() == nil {
 		switch {
@@ -342,7 +359,7 @@ func (k *Keeper) takeWanted(ctx context.Context, toTake []string) (taken []Lease
 			k.o.Log.Warn().Err(err).Msg("lease acquisition failed")
 		}
 	}
-	return nil, nil, nil, unreachable
+	return nil, nil, unreachable
 }
 
 // sampleClock re-samples the clock anchor; unreachable says this round already
@@ -363,9 +380,10 @@ func (k *Keeper) sampleClock(ctx context.Context, unreachable bool) {
 
 // record applies a round's outcome to the keeper's state: it ends a run of
 // failed rounds, forgets lost holdings, stores renewed and taken ones that are
-// still wanted, and retries names held by others at their expiry. It returns
-// the holdings newly acquired.
-func (k *Keeper) record(renewed, lost, taken, others []Lease, unreachable bool) (acquired []Lease) {
+// still wanted, and retries names held by others when they become takeable
+// (their expiry, or their holder's heartbeat deadline). It returns the
+// holdings newly acquired.
+func (k *Keeper) record(renewed, lost []Lease, taken []Acquired, others []holding, unreachable bool) (acquired []Acquired) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.failing > 0 && !unreachable {
@@ -380,16 +398,16 @@ func (k *Keeper) record(renewed, lost, taken, others []Lease, unreachable bool) 
 			k.held[l.Name] = l
 		}
 	}
-	for _, l := range taken {
-		if k.want[l.Name] {
-			k.held[l.Name] = l
-			delete(k.retry, l.Name)
-			acquired = append(acquired, l)
+	for _, a := range taken {
+		if k.want[a.Name] {
+			k.held[a.Name] = a.Lease
+			delete(k.retry, a.Name)
+			acquired = append(acquired, a)
 		}
 	}
-	for _, l := range others {
-		if l.Owner != "" { // held by another: try again at its expiry
-			k.retry[l.Name] = l.ExpiresAt
+	for _, h := range others {
+		if h.Owner != "" { // held by another: try again when it can be taken
+			k.retry[h.Name] = h.TakeableAt
 		}
 	}
 	return acquired
@@ -397,21 +415,29 @@ func (k *Keeper) record(renewed, lost, taken, others []Lease, unreachable bool) 
 
 // announce logs a round's losses and acquisitions and calls the holder's
 // OnLost, OnAcquired and Kept, outside the keeper's lock.
-func (k *Keeper) announce(ctx context.Context, renewed, lost, acquired []Lease) {
+func (k *Keeper) announce(ctx context.Context, renewed, lost []Lease, acquired []Acquired) {
 	for _, l := range lost {
 		k.o.Log.Warn().Str("lease", l.Name).Int64("epoch", l.Epoch).Msg("lease lost: another owner took it")
 		if k.o.OnLost != nil {
 			k.o.OnLost(l)
 		}
 	}
-	for _, l := range acquired {
-		k.o.Log.Info().Str("lease", l.Name).Int64("epoch", l.Epoch).Msg("lease acquired")
+	for _, a := range acquired {
+		ev := k.o.Log.Info().Str("lease", a.Name).Int64("epoch", a.Epoch)
+		if a.Reason != "" {
+			ev = ev.Str("previous_owner", a.Previous).Str("reason", a.Reason)
+		}
+		ev.Msg("lease acquired")
 		if k.o.OnAcquired != nil {
-			k.o.OnAcquired(l)
+			k.o.OnAcquired(a)
 		}
 	}
 	if k.o.Kept != nil && len(renewed)+len(acquired) > 0 && ctx.Err() == nil {
-		k.o.Kept(ctx, append(renewed, acquired...))
+		held := slices.Clone(renewed)
+		for _, a := range acquired {
+			held = append(held, a.Lease)
+		}
+		k.o.Kept(ctx, held)
 	}
 }
 
@@ -471,3 +497,4 @@ func (k *Keeper) Release(ctx context.Context) error {
 	}
 	return err
 }
+

@@ -24,29 +24,53 @@ type Lease struct {
 // guarded statement of seed 000, as an upsert so a name needs no row beforehand.
 // For each name it returns the holding after the statement: ours when acquired,
 // otherwise the current holder's (read before the statement), so a caller can wait
-// for its expiry.
+// for it to become takeable (takeable_at).
 //
 // An owner "<identity>#<n>" ($4, $5) is a worker incarnation: it acts only while
 // compute_workers names no other incarnation of its identity (a superseded
 // process takes and renews nothing), and it takes a name an earlier incarnation
 // of its identity holds at once, unexpired or not: that process is gone (Claim).
+//
+// Any owner takes, unexpired, a name whose holder is a worker incarnation that
+// is gone (cur.gone): superseded by a later incarnation of its identity,
+// stopped, or silent for longer than the dead_after it declared. The upsert
+// checks that the row still has the owner judged gone, so two standbys that
+// judged together do not take it from each other in turn.
+//
 // A name with no row that the caller did not take comes back with no owner.
 // previous_owner is the owner before the statement (the main query sees the
-// rows as they were, not the upsert's changes): a takeover's previous holder.
+// rows as they were, not the upsert's changes), and reason why the caller could
+// take it from that owner (” when it is not a takeover: a first acquisition, a
+// renewal, or a name not taken).
 const acquireSQL = `
 WITH me AS (
     SELECT NOT EXISTS (SELECT 1 FROM compute_workers w
            WHERE w.identity = $4 AND w.incarnation <> $5) AS current
 ), names AS (
     SELECT DISTINCT unnest($1::text[]) AS name
+), cur AS (
+    SELECT c.name, c.owner, c.epoch, c.expires_at,
+           CASE WHEN w.identity IS NULL THEN NULL
+                WHEN c.owner <> w.identity || '#' || w.incarnation THEN 'restart'
+                WHEN w.stopped_at IS NOT NULL THEN 'released'
+                WHEN w.seen_at + w.dead_after < compute_now() THEN 'heartbeat_lost'
+           END AS gone,
+           CASE WHEN c.owner = w.identity || '#' || w.incarnation AND w.stopped_at IS NULL
+                THEN least(c.expires_at, w.seen_at + w.dead_after)
+                ELSE c.expires_at END AS takeable_at
+    FROM compute_leases c
+    LEFT JOIN compute_workers w ON strpos(c.owner, '#') > 0 AND w.identity = split_part(c.owner, '#', 1)
+    WHERE c.name IN (SELECT name FROM names)
 ), want AS (
-    -- A name another owner holds unexpired is not touched: the upsert would lock
-    -- its row and stall the holder's fenced transactions for nothing.
+    -- A name another owner holds unexpired is not touched unless that owner is
+    -- gone: the upsert would lock its row and stall the holder's fenced
+    -- transactions for nothing.
     SELECT n.name FROM names n, me
     WHERE me.current
-      AND NOT EXISTS (SELECT 1 FROM compute_leases c
+      AND NOT EXISTS (SELECT 1 FROM cur c
                       WHERE c.name = n.name AND c.owner <> $2 AND c.expires_at >= compute_now()
-                        AND NOT coalesce(starts_with(c.owner, $4 || '#'), false))
+                        AND NOT coalesce(starts_with(c.owner, $4 || '#'), false)
+                        AND c.gone IS NULL)
 ), took AS (
     INSERT INTO compute_leases AS l (name, owner, epoch, expires_at, acquired_at)
     SELECT name, $2, 1, compute_now() + make_interval(secs => $3), compute_now() FROM want
@@ -57,17 +81,35 @@ WITH me AS (
            acquired_at = CASE WHEN l.owner = EXCLUDED.owner THEN l.acquired_at ELSE EXCLUDED.acquired_at END
      WHERE l.owner = EXCLUDED.owner OR l.expires_at < compute_now()
         OR coalesce(starts_with(l.owner, $4 || '#'), false)
+        OR EXISTS (SELECT 1 FROM cur c WHERE c.name = l.name AND c.owner = l.owner AND c.gone IS NOT NULL)
     RETURNING l.name, l.owner, l.epoch, l.expires_at
-)
-SELECT n.name,
+), res AS (
+    SELECT n.name,
        coalesce(t.owner, c.owner, '') AS owner,
        coalesce(t.epoch, c.epoch, 0) AS epoch,
        coalesce(t.expires_at, c.expires_at, 'epoch') AS expires_at,
-       coalesce(p.owner, '') AS previous_owner
-FROM names n
-LEFT JOIN took t ON t.name = n.name
-LEFT JOIN compute_leases c ON c.name = n.name AND t.name IS NULL
-LEFT JOIN compute_leases p ON p.name = n.name`
+       coalesce(c.owner, '') AS previous_owner,
+       greatest(coalesce(c.takeable_at, 'epoch'), 'epoch') AS takeable_at,
+       CASE WHEN t.name IS NULL OR c.owner IS NULL OR c.owner = $2 THEN ''
+            WHEN coalesce(starts_with(c.owner, $4 || '#'), false) THEN 'restart'
+            WHEN c.expires_at = '-infinity' THEN 'released'
+            WHEN c.expires_at < compute_now() THEN 'lease_expired'
+            ELSE coalesce(c.gone, 'lease_expired')
+       END AS reason
+    FROM names n
+    LEFT JOIN took t ON t.name = n.name
+    LEFT JOIN cur c ON c.name = n.name
+), counted AS (
+    -- Each takeover counted by its reason, in this statement, so the count
+    -- commits with the new epoch.
+    INSERT INTO compute_lease_takeovers AS k (reason, count, last_at, last_lease, last_from, last_to)
+    SELECT reason, count(*), compute_now(), min(name), min(previous_owner), $2
+    FROM res WHERE reason <> '' GROUP BY reason
+    ON CONFLICT (reason) DO UPDATE
+       SET count = k.count + EXCLUDED.count, last_at = EXCLUDED.last_at,
+           last_lease = EXCLUDED.last_lease, last_from = EXCLUDED.last_from, last_to = EXCLUDED.last_to
+)
+SELECT * FROM res`
 
 // AcquireMany acquires or renews each name for owner for ttl and returns the
 // holding of every name after the call (in no particular order): Owner == owner
@@ -85,11 +127,15 @@ func AcquireMany(ctx context.Context, db pg.DBTX, names []string, owner string, 
 	return out, nil
 }
 
-// holding is a row of acquireSQL: the holding after the statement, and the
-// owner before it.
+// holding is a row of acquireSQL: the holding after the statement, the owner
+// before it, when a holding of another owner can be taken (its expiry, or its
+// holder's heartbeat deadline, whichever comes first), and why the caller took
+// it from its previous owner ("" when it did not: see Reason).
 type holding struct {
 	Lease
-	Previous string `db:"previous_owner"`
+	Previous   string    `db:"previous_owner"`
+	TakeableAt time.Time `db:"takeable_at"`
+	Reason     string    `db:"reason"`
 }
 
 func acquireMany(ctx context.Context, db pg.DBTX, names []string, owner string, ttl time.Duration) ([]holding, error) {

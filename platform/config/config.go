@@ -46,6 +46,8 @@ type Config struct {
 	MetricsListen      string        `env:"METRICS_LISTEN" help:"worker: address for /metrics and /healthz (default: off)"`
 	LeaseTTL           time.Duration `env:"LEASE_TTL" help:"shard and sink lease lifetime"`
 	LeaseRenew         time.Duration `env:"LEASE_RENEW" help:"lease renewal interval (less than a third of LEASE_TTL)"`
+	Heartbeat          time.Duration `env:"HEARTBEAT" help:"worker: how often a worker records that it is alive"`
+	MissedBeats        int           `env:"MISSED_BEATS" help:"worker: heartbeats a worker may miss before any standby takes its shards (HEARTBEAT × MISSED_BEATS; the lease TTL bounds it)"`
 	StopGrace          time.Duration `env:"STOP_GRACE" help:"on SIGTERM, how long in-flight jobs may finish before they are cancelled and handed back"`
 	ResyncEvery        time.Duration `env:"RESYNC_INTERVAL" help:"how often every reconciler re-enqueues all it owns"`
 	WorkersPerShard    int           `env:"WORKERS_PER_SHARD" help:"concurrent jobs per shard queue"`
@@ -104,6 +106,10 @@ func (c *Config) Validate() error {
 		return bad("LEASE_TTL", "%s is too short (at least 100ms)", c.LeaseTTL)
 	case c.LeaseRenew <= 0 || c.LeaseRenew*3 > c.LeaseTTL:
 		return bad("LEASE_RENEW", "%s must be positive and at most a third of LEASE_TTL (%s)", c.LeaseRenew, c.LeaseTTL)
+	case c.Heartbeat < 10*time.Millisecond || c.Heartbeat > time.Minute:
+		return bad("HEARTBEAT", "%s is out of range (10ms to 1m)", c.Heartbeat)
+	case c.MissedBeats < 2 || c.MissedBeats > 1000:
+		return bad("MISSED_BEATS", "%d is out of range (2 to 1000): one late beat is no sign of death", c.MissedBeats)
 	case c.StopGrace < 0:
 		return bad("STOP_GRACE", "%s is negative", c.StopGrace)
 	case c.ResyncEvery < time.Second:

@@ -25,6 +25,13 @@ const (
 	// DefaultLeaseRenew is the default of LEASE_RENEW: how often leases are
 	// renewed (a third of DefaultLeaseTTL).
 	DefaultLeaseRenew = 5 * time.Second
+	// DefaultHeartbeat is the default of HEARTBEAT: how often a worker records
+	// that it is alive.
+	DefaultHeartbeat = 500 * time.Millisecond
+	// DefaultMissedBeats is the default of MISSED_BEATS: a worker silent for
+	// this many heartbeats (2 s at the default interval) is taken for dead, and
+	// any standby takes its shards without waiting for their leases to expire.
+	DefaultMissedBeats = 4
 	// DefaultStopGrace is the default of STOP_GRACE: on SIGTERM, how long
 	// in-flight jobs may finish before they are cancelled and handed back.
 	DefaultStopGrace = 10 * time.Second
@@ -55,6 +62,8 @@ func Defaults() *Config {
 		Shards:             DefaultShards,
 		LeaseTTL:           DefaultLeaseTTL,
 		LeaseRenew:         DefaultLeaseRenew,
+		Heartbeat:          DefaultHeartbeat,
+		MissedBeats:        DefaultMissedBeats,
 		StopGrace:          DefaultStopGrace,
 		ResyncEvery:        DefaultResyncEvery,
 		WorkersPerShard:    DefaultWorkersPerShard,

@@ -148,6 +148,7 @@ func (s *Session) StartWorker(ctx context.Context) (*workers.Runtime, error) {
 	metrics := workers.NewMetrics(promReg)
 	rt, err := workers.Start(ctx, workers.Options{
 		Pool: db, Log: s.Log, Registry: reg, Shards: shards, Work: true, Identity: s.Config.WorkerID,
+		Heartbeat: s.Config.Heartbeat, MissedBeats: s.Config.MissedBeats,
 		LeaseTTL: s.Config.LeaseTTL, LeaseRenew: s.Config.LeaseRenew, StopGrace: s.Config.StopGrace,
 		PollInterval: s.Config.PollInterval, ResyncEvery: s.Config.ResyncEvery,
 		WorkersPerShard: s.Config.WorkersPerShard, MaintenanceWorkers: s.Config.MaintenanceWorkers,
