@@ -497,4 +497,3 @@ func (k *Keeper) Release(ctx context.Context) error {
 	}
 	return err
 }
-
