@@ -66,7 +66,14 @@ type WorkCollector struct {
 	held          *prometheus.Desc
 	waiting       *prometheus.Desc
 	unheld        *prometheus.Desc
+	heartbeat     *prometheus.Desc
+	deadAfter     *prometheus.Desc
+	changes       *prometheus.Desc
 }
+
+// WorkersRecent is how long after its last heartbeat a worker that holds no
+// lease is still reported (a process killed long ago drops out).
+const WorkersRecent = 10 * time.Minute
 
 // NewWorkCollector returns a collector reading db.
 func NewWorkCollector(db *pg.Pool) *WorkCollector {
@@ -83,12 +90,18 @@ func NewWorkCollector(db *pg.Pool) *WorkCollector {
 			"Work waiting for the shard's holder (available jobs and due dirty keys not yet claimed), by shard queue.", []string{"queue"}, nil),
 		unheld: prometheus.NewDesc("bettercompute_shards_unheld_waiting",
 			"Shards that no worker holds while work waits for them: that work waits until a worker takes the shard (doctor's 'leases' check).", nil, nil),
+		heartbeat: prometheus.NewDesc("bettercompute_worker_heartbeat_age_seconds",
+			"Time since each running worker's last heartbeat, by worker identity (workers that stopped, or that hold nothing and have not beaten for 10 minutes, are left out). Past its dead_after any standby takes its shards.", []string{"identity"}, nil),
+		deadAfter: prometheus.NewDesc("bettercompute_worker_dead_after_seconds",
+			"How long each running worker may be silent before any standby takes its shards (its heartbeat interval times the beats it may miss), by worker identity.", []string{"identity"}, nil),
+		changes: prometheus.NewDesc("bettercompute_lease_changes_total",
+			"Leases that changed hands since the database was created, across every process, by reason: restart, heartbeat_lost, lease_expired, released (doctor's 'takeovers' check).", []string{"reason"}, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *WorkCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.oldestDue, c.oldestRunning, c.shards, c.held, c.waiting, c.unheld} {
+	for _, d := range []*prometheus.Desc{c.oldestDue, c.oldestRunning, c.shards, c.held, c.waiting, c.unheld, c.heartbeat, c.deadAfter, c.changes} {
 		ch <- d
 	}
 }
@@ -112,6 +125,30 @@ func (c *WorkCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	c.collectShards(ctx, ch)
+	c.collectWorkers(ctx, ch)
+}
+
+// collectWorkers reports each running worker's heartbeat age and dead_after,
+// and the leases that changed hands by reason.
+func (c *WorkCollector) collectWorkers(ctx context.Context, ch chan<- prometheus.Metric) {
+	if ws, err := lease.Workers(ctx, c.db, WorkersRecent); err != nil {
+		err = fmt.Errorf("error reading the workers: %w", err)
+		ch <- prometheus.NewInvalidMetric(c.heartbeat, err)
+		ch <- prometheus.NewInvalidMetric(c.deadAfter, err)
+	} else {
+		for _, w := range ws {
+			ch <- prometheus.MustNewConstMetric(c.heartbeat, prometheus.GaugeValue, w.Silent.Seconds(), w.Identity)
+			ch <- prometheus.MustNewConstMetric(c.deadAfter, prometheus.GaugeValue, w.DeadAfter.Seconds(), w.Identity)
+		}
+	}
+	ts, err := lease.Takeovers(ctx, c.db)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.changes, fmt.Errorf("error reading the takeovers: %w", err))
+		return
+	}
+	for _, t := range ts {
+		ch <- prometheus.MustNewConstMetric(c.changes, prometheus.CounterValue, float64(t.Count), t.Reason)
+	}
 }
 
 // collectShards reports the shard count and each shard's holder and waiting work.

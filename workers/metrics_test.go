@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
@@ -44,8 +45,9 @@ func gathered(t *testing.T, g prometheus.Gatherer) map[string]map[string]float64
 }
 
 // TestLeaseTakeoversCounted: bettercompute_lease_takeovers_total counts the
-// shard leases a process took from a previous holding, per shard queue, and
-// not the leases it was the first to hold.
+// shard leases a process took from a previous holding, per shard queue and
+// reason (here released: the first process stopped gracefully), and not the
+// leases it was the first to hold.
 func TestLeaseTakeoversCounted(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -74,6 +76,6 @@ func TestLeaseTakeoversCounted(t *testing.T) {
 	})
 	require.Len(t, takeovers, shards, "one per shard queue")
 	for i := 0; i < shards; i++ {
-		require.Equal(t, 1.0, takeovers[jobs.ShardQueue(i)], "shard %d taken over once", i)
+		require.Equal(t, 1.0, takeovers[jobs.ShardQueue(i)+","+lease.ReasonReleased], "shard %d taken over once, released by its holder", i)
 	}
 }

@@ -91,8 +91,8 @@ WITH me AS (
        coalesce(c.owner, '') AS previous_owner,
        greatest(coalesce(c.takeable_at, 'epoch'), 'epoch') AS takeable_at,
        CASE WHEN t.name IS NULL OR c.owner IS NULL OR c.owner = $2 THEN ''
-            WHEN coalesce(starts_with(c.owner, $4 || '#'), false) THEN 'restart'
             WHEN c.expires_at = '-infinity' THEN 'released'
+            WHEN coalesce(starts_with(c.owner, $4 || '#'), false) THEN 'restart'
             WHEN c.expires_at < compute_now() THEN 'lease_expired'
             ELSE coalesce(c.gone, 'lease_expired')
        END AS reason

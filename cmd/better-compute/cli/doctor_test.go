@@ -14,6 +14,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
+	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/domain/workflow"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
@@ -24,7 +25,7 @@ import (
 
 // doctorChecks are the names of doctor's checks on a migrated database, in order.
 var doctorChecks = []string{"connect", "postgres", "features", "btree_gist", "ledger", "clock",
-	"snapshot", "shards", "leases", "running", "strays", "queues", "reconcilers", "workflows"}
+	"snapshot", "shards", "leases", "workers", "takeovers", "running", "strays", "queues", "reconcilers", "workflows"}
 
 // requireAllOK asserts that doctor passed: exit 0, and one OK line per check.
 func requireAllOK(t *testing.T, r clitest.Result) {
@@ -124,12 +125,12 @@ func TestDoctorNamesATransactionThatHoldsTheOutboxBack(t *testing.T) {
 		`open \S+, database `+regexp.QuoteMeta(other.Name)+`, pid `+strconv.Itoa(pid)+`, user postgres, application "held_open", state idle in transaction; `+
 		`1 committed event of this database waits`, r.Stdout)
 	require.Contains(t, r.Stdout, fmt.Sprintf("pg_terminate_backend(%d)", pid))
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 14 checks failed: snapshot$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 16 checks failed: snapshot$`)
 
 	r = clitest.Run(t, ctx, cli.App{}, dbEnv(owned), "doctor", "--max-xact-age", "200ms")
 	require.Regexp(t, `(?m)^FAIL\s+snapshot\s+1 committed event of this database waits, `+
 		`held back by a transaction this role cannot see \(grant pg_read_all_stats to name it\)`, r.Stdout)
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 14 checks failed: snapshot$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 16 checks failed: snapshot$`)
 
 	require.NoError(t, tx.Rollback(ctx))
 	requireAllOK(t, clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor", "--max-xact-age", "200ms"))
@@ -162,7 +163,7 @@ func TestDoctorFindsStrayRunningJobs(t *testing.T) {
 	require.Regexp(t, `(?m)^FAIL\s+strays\s+running jobs not attempted by their shard's holder, for more than 40s: `+
 		`shard 3: 1 running job attempted by ghost, the oldest 2m\d+s ago \(none holds shard 3: start a worker for it\); `+
 		`the shard's holder hands them back within one renewal \(20s\)$`, r.Stdout)
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 14 checks failed: strays$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 16 checks failed: strays$`)
 
 	// Held by another client: its holder should have handed it back by now.
 	db.MustExec(t, `INSERT INTO compute_leases (name, owner, expires_at)
@@ -203,7 +204,7 @@ func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
 		`a typo in jobs.DirtyTx, or a module missing from this binary \(registered: thing\)$`, r.Stdout)
 	// Nobody works the shards either: the keys' jobs wait.
 	require.Regexp(t, `(?m)^FAIL\s+leases\s`, r.Stdout)
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 2 of 14 checks failed: leases, reconcilers$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 2 of 16 checks failed: leases, reconcilers$`)
 
 	// A binary without the module handles neither kind.
 	r = clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor")
@@ -310,7 +311,7 @@ func TestDoctorFindsAWorkflowWithoutAStepJob(t *testing.T) {
 
 	db.MustExec(t, `UPDATE river_job SET state = 'cancelled', finalized_at = clock_timestamp() WHERE kind = 'workflow_step'`)
 	r = clitest.Run(t, ctx, app, dbEnv(db), "doctor")
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 14 checks failed: workflows$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 16 checks failed: workflows$`)
 	require.Regexp(t, `(?m)^FAIL\s+workflows\s+1 unfinished workflow have no live step job and will never advance: o-1 \(order at step reserve, job \d+ cancelled\)`, r.Stdout)
 
 	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error { return workflow.RetryTx(ctx, tx, "o-1") }))
@@ -350,7 +351,39 @@ func TestShardCountFixedAtFirstMigrate(t *testing.T) {
 
 	r = clitest.Run(t, ctx, cli.App{}, eight, "doctor")
 	require.Regexp(t, `(?m)^FAIL\s+shards\s+the database has 4 shards, BETTER_COMPUTE_SHARD_COUNT says 8: the count is fixed at the first migrate; set it to 4$`, r.Stdout)
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 14 checks failed: shards$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 16 checks failed: shards$`)
 	requireAllOK(t, clitest.Run(t, ctx, cli.App{}, four, "doctor"))
 	require.Equal(t, 4, db.MustCount(t, `SELECT shard_count FROM compute_settings`))
+}
+
+// TestDoctorShowsWorkersHeartbeatsAndTakeovers: the workers check names each
+// running worker with its last heartbeat and what it holds, and fails for a
+// worker silent past its dead_after that still holds leases (no standby took
+// them); the takeovers check counts the leases that changed hands, by reason.
+func TestDoctorShowsWorkersHeartbeatsAndTakeovers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	a, err := lease.Claim(ctx, db.Pool, lease.ClaimOptions{Identity: "host-a/0", Host: "host-a"})
+	require.NoError(t, err)
+	_, err = lease.AcquireMany(ctx, db.Pool, []string{workers.ShardLease(0), workers.ShardLease(1)}, a.Owner(), time.Hour)
+	require.NoError(t, err)
+	b, err := lease.Claim(ctx, db.Pool, lease.ClaimOptions{Identity: "host-b/0", Host: "host-b"})
+	require.NoError(t, err)
+
+	r := clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	require.Regexp(t, `(?m)^OK\s+workers\s+2 live: host-a/0#1 on host-a \(beat \d+(\.\d)?m?s ago, 2 leases\), host-b/0#1 on host-b \(beat \d+(\.\d)?m?s ago, standby\)$`, r.Stdout)
+	require.Regexp(t, `(?m)^OK\s+takeovers\s+no lease has changed hands$`, r.Stdout)
+
+	// a stops beating; b has not taken its shards yet.
+	db.MustExec(t, `UPDATE compute_workers SET seen_at = compute_now() - interval '30 seconds' WHERE identity = 'host-a/0'`)
+	r = clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	require.Regexp(t, `(?m)^FAIL\s+workers\s+host-a/0#1 \(host host-a, pid \d+\) holds 2 leases but has not beaten for 30s \(dead after 2s\): no standby has taken them`, r.Stdout)
+
+	// b takes them: the workers check passes, the takeovers check counts them.
+	_, err = lease.AcquireMany(ctx, db.Pool, []string{workers.ShardLease(0), workers.ShardLease(1)}, b.Owner(), time.Hour)
+	require.NoError(t, err)
+	r = clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor")
+	require.Regexp(t, `(?m)^OK\s+workers\s+1 live: host-a/0#1 on host-a \(silent for 30s, taken for dead, standby\), host-b/0#1 on host-b \(beat .* ago, 2 leases\)$`, r.Stdout)
+	require.Regexp(t, `(?m)^OK\s+takeovers\s+leases changed hands: 2 after the holder's heartbeat stopped \(last \S+: shard/0 from host-a/0#1 to host-b/0#1\)$`, r.Stdout)
 }

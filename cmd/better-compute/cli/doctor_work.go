@@ -22,7 +22,8 @@ import (
 const StuckAfter = 5 * time.Minute
 
 // doctorWork checks the work side, one check after another: the shard count,
-// who holds the shards, jobs stuck running, running jobs outside their shard's
+// who holds the shards, each worker's heartbeat, the takeovers so far, jobs
+// stuck running, running jobs outside their shard's
 // holder, the queues' depth, dirty keys no reconciler handles, and workflows
 // whose step job is gone. now is the
 // server's clock.
@@ -32,6 +33,8 @@ func (s *Session) doctorWork(ctx context.Context, db *pg.Pool, r *report, now ti
 		return
 	}
 	holder := s.doctorLeases(ctx, db, r, now, count)
+	s.doctorWorkers(ctx, db, r)
+	s.doctorTakeovers(ctx, db, r)
 	s.doctorRunning(ctx, db, r)
 	s.doctorStrays(ctx, db, r, now, holder)
 	s.doctorQueues(ctx, db, r, count)

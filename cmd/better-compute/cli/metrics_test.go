@@ -16,6 +16,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/domain/outbox/outboxtest"
 	"github.com/bettercompute/bettercompute/domain/workflow"
@@ -218,6 +219,18 @@ func TestServeMetricsReportTheDatabase(t *testing.T) {
 	require.Equal(t, 1.0, got["bettercompute_shard_waiting"].values["shard_3"], "the available job")
 	require.Equal(t, 1.0, got["bettercompute_shards_unheld_waiting"].values[""], "shard 3 only: shard 5 has work and a holder, the others nothing waiting")
 
+	// Workers: one beat 4 s ago and may be silent 2 s; it held shard 6, which
+	// another took when its heartbeat stopped.
+	db.MustExec(t, `INSERT INTO compute_workers (identity, incarnation, host, pid, seen_at, dead_after)
+		VALUES ('mx-host/0', 1, 'mx-host', 1, compute_now() - interval '4 seconds', interval '2 seconds')`)
+	db.MustExec(t, `INSERT INTO compute_leases (name, owner, epoch, expires_at) VALUES ('shard/6', 'mx-host/0#1', 1, compute_now() + interval '1 hour')`)
+	_, err = lease.Acquire(ctx, db.Pool, "shard/6", "mx-standby#1", time.Minute)
+	require.NoError(t, err)
+	got = gather()
+	require.InDelta(t, 4, got["bettercompute_worker_heartbeat_age_seconds"].values["mx-host/0"], slack)
+	require.Equal(t, 2.0, got["bettercompute_worker_dead_after_seconds"].values["mx-host/0"])
+	require.Equal(t, 1.0, got["bettercompute_lease_changes_total"].values["heartbeat_lost"])
+
 	// The sink: three events behind, the first two minutes old; paused.
 	require.NoError(t, outbox.EnsureSink(ctx, db.Pool, "mx_sink", outbox.Start))
 	for i := range 3 {
@@ -290,13 +303,15 @@ func TestServeMetricsReportTheDatabase(t *testing.T) {
 
 	// A query that fails: its metrics are invalid and the scrape says which.
 	for table, families := range map[string][]string{
-		"river_job":         {"bettercompute_queue_oldest_seconds", "bettercompute_running_oldest_seconds", "bettercompute_shards_unheld_waiting"},
-		"compute_leases":    {"bettercompute_shard_held", "bettercompute_shards_unheld_waiting"},
-		"compute_sinks":     {"bettercompute_outbox_sink_lag_events", "bettercompute_outbox_sink_paused"},
-		"mx_outbox":         {"bettercompute_outbox_dispatcher_backlog", "bettercompute_outbox_dispatcher_failing_keys"},
-		"compute_events":    {"bettercompute_outbox_events_held_back"},
-		"compute_backfills": {"bettercompute_backfill_rows_done", "bettercompute_backfill_stalled"},
-		"compute_workflows": {"bettercompute_workflow_step_oldest_seconds", "bettercompute_workflows_without_job"},
+		"river_job":               {"bettercompute_queue_oldest_seconds", "bettercompute_running_oldest_seconds", "bettercompute_shards_unheld_waiting"},
+		"compute_leases":          {"bettercompute_shard_held", "bettercompute_shards_unheld_waiting", "bettercompute_worker_heartbeat_age_seconds"},
+		"compute_workers":         {"bettercompute_worker_heartbeat_age_seconds", "bettercompute_worker_dead_after_seconds"},
+		"compute_lease_takeovers": {"bettercompute_lease_changes_total"},
+		"compute_sinks":           {"bettercompute_outbox_sink_lag_events", "bettercompute_outbox_sink_paused"},
+		"mx_outbox":               {"bettercompute_outbox_dispatcher_backlog", "bettercompute_outbox_dispatcher_failing_keys"},
+		"compute_events":          {"bettercompute_outbox_events_held_back"},
+		"compute_backfills":       {"bettercompute_backfill_rows_done", "bettercompute_backfill_stalled"},
+		"compute_workflows":       {"bettercompute_workflow_step_oldest_seconds", "bettercompute_workflows_without_job"},
 	} {
 		db.MustExec(t, `ALTER TABLE `+table+` RENAME TO mx_renamed`)
 		_, err := gatherAll(reg)
