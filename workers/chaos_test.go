@@ -45,6 +45,7 @@ func chaosRounds(t *testing.T, def int) int {
 type chaosReport struct {
 	Rounds       int
 	Takeovers    int           // lease owner changes across every shard
+	ByHeartbeat  int           // … of them because the holder's heartbeat stopped
 	StaleCommits int           // reconciles a paused process committed after its pause
 	Overlaps     int           // two reconciles of one key whose intervals overlap
 	Strays       int           // running shard jobs not attempted by their shard's live holder
@@ -55,8 +56,8 @@ type chaosReport struct {
 }
 
 func (r chaosReport) String() string {
-	return fmt.Sprintf("rounds %d, takeovers %d, stale commits %d, overlapping reconciles %d, stranded jobs %d, jobs handed back %d (%d of them strays found after a lease round), converged %s after the writer stopped (%d changes)",
-		r.Rounds, r.Takeovers, r.StaleCommits, r.Overlaps, r.Strays, r.HandedBack, r.Swept, r.Converged.Round(time.Millisecond), r.Changes)
+	return fmt.Sprintf("rounds %d, takeovers %d (%d by heartbeat), stale commits %d, overlapping reconciles %d, stranded jobs %d, jobs handed back %d (%d of them strays found after a lease round), converged %s after the writer stopped (%d changes)",
+		r.Rounds, r.Takeovers, r.ByHeartbeat, r.StaleCommits, r.Overlaps, r.Strays, r.HandedBack, r.Swept, r.Converged.Round(time.Millisecond), r.Changes)
 }
 
 // runChaos runs the scenario with procs worker processes connecting through url
@@ -65,7 +66,9 @@ func (r chaosReport) String() string {
 func runChaos(t *testing.T, db *pgtest.DB, url string, procs, rounds int) chaosReport {
 	t.Helper()
 	via := &pgtest.DB{Pool: db.Pool, Name: db.Name, URL: url}
-	env := []string{"EXAMPLE_RECONCILE_SLEEP=5ms", "BETTER_COMPUTE_DB_MAX_CONNS=12"}
+	// Beats every 200 ms, taken for dead after 800 ms: a paused holder's
+	// shards change hands by its heartbeat, before its leases' 1.5 s expiry.
+	env := []string{"EXAMPLE_RECONCILE_SLEEP=5ms", "BETTER_COMPUTE_DB_MAX_CONNS=12", "BETTER_COMPUTE_HEARTBEAT=200ms"}
 	live := make([]*proc, 0, procs)
 	for range procs {
 		live = append(live, startWorker(t, via, env...))
@@ -148,6 +151,7 @@ func runChaos(t *testing.T, db *pgtest.DB, url string, procs, rounds int) chaosR
 	isConverged := converged(t, db)
 
 	rep.Takeovers = db.MustCount(t, `SELECT coalesce(sum(epoch - 1), 0)::int FROM compute_leases WHERE name LIKE 'shard/%'`)
+	rep.ByHeartbeat = heartbeatTakeovers(t, db)
 	for _, p := range pauses {
 		rep.StaleCommits += db.MustCount(t, `SELECT count(*) FROM example_reconcile_log WHERE worker = $1 AND finished_at > $2`, strconv.Itoa(p.pid), p.taken)
 	}
@@ -169,6 +173,7 @@ func runChaos(t *testing.T, db *pgtest.DB, url string, procs, rounds int) chaosR
 	require.Zero(t, rep.Overlaps, "two reconciles of one key overlapped")
 	require.Zero(t, rep.Strays, "a shard job is running without its shard's live holder's attempt")
 	require.GreaterOrEqual(t, rep.Takeovers, rounds, "every round took at least one shard over")
+	require.Positive(t, rep.ByHeartbeat, "paused holders' shards taken by heartbeat, before their leases expired")
 	return rep
 }
 

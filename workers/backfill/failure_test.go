@@ -353,9 +353,11 @@ func TestLeaseLostMidBatchIsFenced(t *testing.T) {
 		t.Fatal("the third batch never started")
 	}
 	require.EqualValues(t, 2, mustGet(t, db, b.Name).Batches)
-	// B judges A paused once A has been silent for three of B's heartbeats
-	// (300 ms); on a fast machine the third batch starts sooner than that.
-	workertest.WaitFor(t, 30*time.Second, "worker A silent for 3 of B's heartbeats", func() bool {
+	// A declared its beats hourly; make it declare a silence of 300 ms fatal
+	// instead, so B judges it paused once it has been silent that long (on a
+	// fast machine the third batch starts sooner than that).
+	db.MustExec(t, `UPDATE compute_workers SET dead_after = interval '300 milliseconds' WHERE identity = 'fence-test'`)
+	workertest.WaitFor(t, 30*time.Second, "worker A silent past its dead_after", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM compute_workers WHERE identity = 'fence-test'
 			AND seen_at < compute_now() - interval '500 milliseconds'`) == 1
 	})
