@@ -121,6 +121,16 @@ type queueOp struct {
 // ShardLease is the lease name of shard n.
 func ShardLease(n int) string { return "shard/" + strconv.Itoa(n) }
 
+// shardOfLease is the shard whose lease is name (ShardLease), if it is one.
+func shardOfLease(name string) (int, bool) {
+	s, ok := strings.CutPrefix(name, "shard/")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(s)
+	return n, err == nil
+}
+
 func shardOfQueue(queue string) (int, bool) {
 	s, ok := strings.CutPrefix(queue, jobs.ShardQueuePrefix)
 	if !ok {
@@ -334,7 +344,16 @@ func (rt *Runtime) newKeeper() *lease.Keeper {
 			if _, err := rt.handBack(ctx, rt.ctl, "after a lease round", held...); err != nil && ctx.Err() == nil {
 				rt.log.Warn().Err(err).Msg("could not hand back stray jobs; the next lease round retries")
 			}
+			// A claim loop ends when Held says no, which a silence of this
+			// process's heartbeat makes it say until a round confirms the
+			// lease: start again those of the leases still held.
+			for _, l := range held {
+				if shard, ok := shardOfLease(l.Name); ok {
+					rt.startClaimLoop(shard)
+				}
+			}
 		},
+		Liveness:   rt.inc,
 		OnAcquired: func(a lease.Acquired) { rt.leaseChanged(a.Lease, true, a.Reason) },
 		OnLost:     func(l lease.Lease) { rt.leaseChanged(l, false, "") },
 		OnRound:    rt.leaseRoundHook(), // nil unless tracing
@@ -416,10 +435,8 @@ func (rt *Runtime) HeldShards() []int {
 	}
 	var out []int
 	for _, l := range rt.keeper.HeldAll() {
-		if n, ok := strings.CutPrefix(l.Name, "shard/"); ok {
-			if i, err := strconv.Atoi(n); err == nil {
-				out = append(out, i)
-			}
+		if shard, ok := shardOfLease(l.Name); ok {
+			out = append(out, shard)
 		}
 	}
 	slices.Sort(out)
@@ -451,12 +468,8 @@ func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, when string, ls ...
 	epochs := make([]int64, 0, len(ls))
 	queues := make([]string, 0, len(ls))
 	for _, l := range ls {
-		n, ok := strings.CutPrefix(l.Name, "shard/")
+		shard, ok := shardOfLease(l.Name)
 		if !ok {
-			continue
-		}
-		shard, err := strconv.Atoi(n)
-		if err != nil {
 			continue
 		}
 		names, epochs, queues = append(names, l.Name), append(epochs, l.Epoch), append(queues, jobs.ShardQueue(shard))
@@ -488,11 +501,10 @@ func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, when string, ls ...
 // leaseChanged reacts to an acquired or lost shard lease; reason is why an
 // acquisition could take it from another holder ("" for none).
 func (rt *Runtime) leaseChanged(l lease.Lease, acquired bool, reason string) {
-	n, ok := strings.CutPrefix(l.Name, "shard/")
+	shard, ok := shardOfLease(l.Name)
 	if !ok {
 		return
 	}
-	shard, _ := strconv.Atoi(n)
 	queue := jobs.ShardQueue(shard)
 	rt.metrics.leases(len(rt.keeper.HeldAll()))
 	if !acquired {

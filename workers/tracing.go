@@ -3,8 +3,6 @@ package workers
 import (
 	"context"
 	"encoding/json"
-	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/riverqueue/river"
@@ -227,10 +225,8 @@ func (rt *Runtime) leaseRoundHook() func(lease.Round) {
 func leaseAttrs(l lease.Lease) []attribute.KeyValue {
 	attrs := make([]attribute.KeyValue, 0, 5)
 	attrs = append(attrs, tracing.Lease.String(l.Name), tracing.LeaseEpoch.Int64(l.Epoch))
-	if n, ok := strings.CutPrefix(l.Name, "shard/"); ok {
-		if shard, err := strconv.Atoi(n); err == nil {
-			attrs = append(attrs, tracing.Shard.Int(shard))
-		}
+	if shard, ok := shardOfLease(l.Name); ok {
+		attrs = append(attrs, tracing.Shard.Int(shard))
 	}
 	return attrs
 }

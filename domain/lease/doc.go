@@ -113,4 +113,10 @@
 //   - A process that beats again after a silence longer than its dead_after
 //     (Hooks.Resumed) checks its leases at once (Keeper.Wake), so a paused
 //     process learns of a takeover within one round of waking.
+//   - Held trusts no holding of a process that doubts its own liveness
+//     (KeeperOptions.Liveness, the Incarnation): from the moment it finds it
+//     attempted no beat for longer than its dead_after (it was frozen) or a
+//     beat ended such a silence, until a round that began after that renewed
+//     what it still holds (Confirm). So a process woken from a pause starts
+//     no job of a shard a standby may have taken, as after its TTL.
 package lease

@@ -209,7 +209,7 @@ func TestKeeperTakesAtTheHolderHeartbeatDeadline(t *testing.T) {
 // TestRunReportsAResumedSilence: a beat that ends a silence longer than
 // dead_after (here the worker's row was locked, as a stalled database or a
 // partition would hold it up) calls Resumed, so the process checks its leases at
-// once.
+// once; until a lease round confirms them (Confirm), Trusted says no.
 func TestRunReportsAResumedSilence(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -218,7 +218,18 @@ func TestRunReportsAResumedSilence(t *testing.T) {
 	a, err := lease.Claim(ctx, db.Pool, lease.ClaimOptions{Identity: "a", Heartbeat: 50 * time.Millisecond, MissedBeats: 4})
 	require.NoError(t, err)
 	resumed := make(chan time.Duration, 10)
-	go a.Run(ctx, lease.Hooks{Superseded: func(error) {}, Resumed: func(d time.Duration) { resumed <- d }})
+	var doubted, confirmed atomic.Bool
+	go a.Run(ctx, lease.Hooks{Superseded: func(error) {}, Resumed: func(d time.Duration) {
+		// Its holdings are in doubt until a lease round confirms them.
+		ok, gen := a.Trusted()
+		doubted.Store(!ok)
+		a.Confirm(gen)
+		ok, _ = a.Trusted()
+		confirmed.Store(ok)
+		resumed <- d
+	}})
+	ok, _ := a.Trusted()
+	require.True(t, ok, "a beating incarnation trusts its holdings")
 
 	select {
 	case d := <-resumed:
@@ -234,7 +245,47 @@ func TestRunReportsAResumedSilence(t *testing.T) {
 	select {
 	case d := <-resumed:
 		require.Greater(t, d, a.DeadAfter())
+		require.True(t, doubted.Load(), "after the silence, the holdings are in doubt")
+		require.True(t, confirmed.Load(), "Confirm ends the doubt")
 	case <-time.After(10 * time.Second):
 		t.Fatal("no Resumed after the silence")
 	}
+}
+
+// liveness is a Liveness whose answer the test sets.
+type liveness struct {
+	trusted   atomic.Bool
+	gen       atomic.Uint64
+	confirmed atomic.Uint64
+}
+
+func (l *liveness) Trusted() (bool, uint64) { return l.trusted.Load(), l.gen.Load() }
+func (l *liveness) Confirm(gen uint64)      { l.confirmed.Store(gen) }
+
+// TestHeldTrustsNothingWhileLivenessDoubts: a keeper whose process doubts its
+// own liveness (it was frozen past its dead_after) reports no holding as held,
+// though it holds them in the database, and each round confirms the
+// generation it began at.
+func TestHeldTrustsNothingWhileLivenessDoubts(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	db := pgtest.New(t)
+	live := &liveness{}
+	live.trusted.Store(true)
+	live.gen.Store(7)
+	k := lease.NewKeeper(lease.KeeperOptions{DB: db.Pool, Owner: "k", TTL: time.Minute, Renew: 100 * time.Millisecond, Liveness: live})
+	k.Want("shard/0")
+	go k.Run(ctx)
+	require.Eventually(t, func() bool { _, ok := k.Held("shard/0"); return ok }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return live.confirmed.Load() == 7 }, 10*time.Second, 5*time.Millisecond,
+		"a round confirms the generation it began at")
+
+	live.trusted.Store(false)
+	_, ok := k.Held("shard/0")
+	require.False(t, ok, "no holding is trusted while the process doubts its liveness")
+	require.Len(t, k.HeldAll(), 1, "the keeper still holds it")
+	live.trusted.Store(true)
+	_, ok = k.Held("shard/0")
+	require.True(t, ok)
 }

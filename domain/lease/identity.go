@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -69,6 +70,11 @@ type Incarnation struct {
 	db        pg.DBTX
 	hb        time.Duration
 	deadAfter time.Duration
+
+	mu      sync.Mutex
+	attempt time.Time // the start of the last beat Run attempted
+	doubt   uint64    // the generation of a silence not yet confirmed; 0: none
+	gen     uint64
 }
 
 // DeadAfter is how long this incarnation may be silent before any standby
@@ -353,6 +359,7 @@ func (i *Incarnation) Run(ctx context.Context, h Hooks) {
 	t := time.NewTicker(i.hb)
 	defer t.Stop()
 	last := time.Now() // the start of the last beat that succeeded
+	i.attempted(last)
 	for {
 		select {
 		case <-ctx.Done():
@@ -360,13 +367,17 @@ func (i *Incarnation) Run(ctx context.Context, h Hooks) {
 		case <-t.C:
 		}
 		start := time.Now()
+		i.attempted(start)
 		bctx, cancel := context.WithTimeout(ctx, 2*i.hb)
 		err := i.Beat(bctx)
 		cancel()
 		switch {
 		case err == nil:
-			if silent := start.Sub(last); silent > i.deadAfter && h.Resumed != nil {
-				h.Resumed(silent)
+			if silent := start.Sub(last); silent > i.deadAfter {
+				i.doubtHoldings()
+				if h.Resumed != nil {
+					h.Resumed(silent)
+				}
 			}
 			last = start
 		case ctx.Err() != nil:
@@ -377,6 +388,52 @@ func (i *Incarnation) Run(ctx context.Context, h Hooks) {
 		case h.Failed != nil:
 			h.Failed(err)
 		}
+	}
+}
+
+// attempted records the start of a beat. A process that did not even attempt
+// one for longer than its dead_after was frozen (SIGSTOP, a VM pause): it
+// doubts its holdings from now on, before its beat lands.
+func (i *Incarnation) attempted(start time.Time) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if !i.attempt.IsZero() && start.Sub(i.attempt) > i.deadAfter {
+		i.gen++
+		i.doubt = i.gen
+	}
+	i.attempt = start
+}
+
+// doubtHoldings records a silence longer than dead_after: another process may
+// have taken this one's leases meanwhile.
+func (i *Incarnation) doubtHoldings() {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.gen++
+	i.doubt = i.gen
+}
+
+// Trusted says whether this process may trust the leases it holds: not while
+// it has attempted no beat for longer than its dead_after (it was frozen: any
+// standby may have taken them), nor after such a silence until a lease round
+// that began after it confirmed them (Confirm). gen names the latest silence,
+// for Confirm. An incarnation that Run does not beat is always trusted.
+func (i *Incarnation) Trusted() (ok bool, gen uint64) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.attempt.IsZero() {
+		return true, i.gen
+	}
+	return i.doubt == 0 && time.Since(i.attempt) <= i.deadAfter, i.gen
+}
+
+// Confirm ends the doubt of silence gen, or of none newer: a lease round that
+// began after it renewed what this process still holds.
+func (i *Incarnation) Confirm(gen uint64) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.doubt != 0 && i.doubt <= gen {
+		i.doubt = 0
 	}
 }
 

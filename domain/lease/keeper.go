@@ -41,10 +41,24 @@ type KeeperOptions struct {
 	// OnLost is called at once when l is lost: another owner took it, or it
 	// expired by this process's clock without a successful renewal.
 	OnLost func(l Lease)
+	// Liveness, optional, is the process's own heartbeat (a worker's
+	// Incarnation): Held trusts no holding while it says not to, and a round
+	// whose renewal succeeded confirms the holdings to it.
+	Liveness Liveness
 	// OnRound, optional, is called after every round that acquired, renewed
 	// or lost a holding, with what it did (the worker makes it a span). A
 	// round that changed nothing and renewed nothing is not reported.
 	OnRound func(r Round)
+}
+
+// Liveness is what a keeper asks of its process's heartbeat (Incarnation).
+type Liveness interface {
+	// Trusted says whether the holdings may be trusted now, and the
+	// generation of the latest silence.
+	Trusted() (ok bool, gen uint64)
+	// Confirm is called after a round that began at generation gen renewed
+	// the holdings.
+	Confirm(gen uint64)
 }
 
 // Round is what one keeper round did, for OnRound.
@@ -154,6 +168,11 @@ func (k *Keeper) Held(name string) (Lease, bool) {
 	if !ok || !k.o.Anchor.Now().Before(l.ExpiresAt.Add(-k.margin())) {
 		return Lease{}, false
 	}
+	if k.o.Liveness != nil {
+		if trusted, _ := k.o.Liveness.Trusted(); !trusted {
+			return Lease{}, false
+		}
+	}
 	return l, true
 }
 
@@ -240,6 +259,10 @@ func (k *Keeper) margin() time.Duration { return min(time.Second, k.o.TTL/10) }
 // holder. Run schedules the next round (nextWait).
 func (k *Keeper) tick(ctx context.Context) {
 	start := time.Now()
+	var gen uint64
+	if k.o.Liveness != nil {
+		_, gen = k.o.Liveness.Trusted()
+	}
 	held, toTake := k.roundNames()
 	renewed, lost, ok := k.renewHeld(ctx, held)
 	if !ok {
@@ -249,6 +272,10 @@ func (k *Keeper) tick(ctx context.Context) {
 	taken, others, unreachable := k.takeWanted(ctx, toTake)
 	k.sampleClock(ctx, unreachable)
 	acquired := k.record(renewed, lost, taken, others, unreachable)
+	if k.o.Liveness != nil {
+		// What it holds now, it held at the renewal, after the silence.
+		k.o.Liveness.Confirm(gen)
+	}
 	k.announce(ctx, renewed, lost, acquired)
 	k.report(start, renewed, acquired, lost, LostTaken)
 }
