@@ -11,7 +11,6 @@ import (
 	"github.com/bettercompute/bettercompute/workers"
 )
 
-
 // doctorListMax is how many workers the workers check names; the rest are
 // counted.
 const doctorListMax = 8
