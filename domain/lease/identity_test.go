@@ -73,7 +73,8 @@ func TestRestartTakesLeasesOverAtOnce(t *testing.T) {
 	require.ErrorContains(t, err, "taken over by incarnation 2")
 	require.NoError(t, inc.Beat(ctx))
 
-	// Another identity still waits out the TTL.
+	// Another identity waits while the new incarnation beats (it has just
+	// claimed; its dead_after is 40 s).
 	_, err = lease.Acquire(ctx, db.Pool, "shard/0", "web-2#1", time.Minute)
 	require.True(t, fault.Has(err, fault.Conflict), "%v", err)
 }
