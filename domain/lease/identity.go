@@ -368,7 +368,10 @@ func (i *Incarnation) Run(ctx context.Context, h Hooks) {
 		}
 		start := time.Now()
 		i.attempted(start)
-		bctx, cancel := context.WithTimeout(ctx, 2*i.hb)
+		// A beat waits at most two intervals, and at most half the dead_after,
+		// so a slow one never leaves a gap between attempts that looks like a
+		// freeze (attempted).
+		bctx, cancel := context.WithTimeout(ctx, min(2*i.hb, i.deadAfter/2))
 		err := i.Beat(bctx)
 		cancel()
 		switch {
