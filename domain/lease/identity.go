@@ -368,10 +368,11 @@ func (i *Incarnation) Run(ctx context.Context, h Hooks) {
 		}
 		start := time.Now()
 		i.attempted(start)
-		// A beat waits at most two intervals, and at most half the dead_after,
-		// so a slow one never leaves a gap between attempts that looks like a
-		// freeze (attempted).
-		bctx, cancel := context.WithTimeout(ctx, min(2*i.hb, i.deadAfter/2))
+		// A slow beat is let land (its seen_at is when the server began it, so
+		// it still counts from then), up to the dead_after less one interval:
+		// a gap between attempts never grows to look like a freeze
+		// (attempted).
+		bctx, cancel := context.WithTimeout(ctx, i.deadAfter-i.hb)
 		err := i.Beat(bctx)
 		cancel()
 		switch {
