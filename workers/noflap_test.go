@@ -1,0 +1,549 @@
+package workers_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bettercompute/bettercompute/platform/embedded"
+	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers/workertest"
+)
+
+// noflapBurnEnv makes this test binary, re-executed, a CPU burner: it spins on
+// one core from init until it is killed (see startBurners).
+const noflapBurnEnv = "BETTER_COMPUTE_NOFLAP_BURN"
+
+func init() {
+	if os.Getenv(noflapBurnEnv) == "1" {
+		for {
+		}
+	}
+}
+
+const (
+	noflapStall      = 300 * time.Millisecond // each database stall
+	noflapStallEvery = 2 * time.Second        // between stalls, ±500 ms
+	noflapSample     = 50 * time.Millisecond  // the heartbeat sampler's period
+)
+
+// noflapLoad is how long TestChaosNoFlapUnderLoad loads the holder, and with
+// how many CPU burners: BETTER_COMPUTE_NOFLAP_DURATION (go tool task chaos sets
+// 10m) with one burner per core, or by default 15 s with a single burner, so
+// the rest of the suite, running beside it, is not starved.
+func noflapLoad(t *testing.T) (time.Duration, int) {
+	t.Helper()
+	if s := os.Getenv("BETTER_COMPUTE_NOFLAP_DURATION"); s != "" {
+		d, err := time.ParseDuration(s)
+		require.NoError(t, err, "BETTER_COMPUTE_NOFLAP_DURATION")
+		return d, runtime.NumCPU()
+	}
+	return 15 * time.Second, 1
+}
+
+// noflapEnv: production lease timing and statement timeout over the process
+// tests' fast ones; heartbeat and missed beats stay at their defaults (500 ms ×
+// 4: dead_after 2 s).
+var noflapEnv = []string{
+	"BETTER_COMPUTE_LEASE_TTL=15s", "BETTER_COMPUTE_LEASE_RENEW=5s", "BETTER_COMPUTE_STATEMENT_TIMEOUT=15s",
+	"EXAMPLE_RECONCILE_SLEEP=5ms",
+}
+
+// TestChaosNoFlapUnderLoad: a live holder keeps its shards under load. The
+// risk of taking the shards of a worker silent past its dead_after (heartbeat ×
+// missed beats, 2 s by default) without waiting out the 15 s lease TTL is
+// flapping: a live holder on a loaded machine losing its shards because its
+// beats came late.
+//
+// A holder (identity holder) holds all 16 shards, a standby (identity standby)
+// waits, both with production lease timing and the default heartbeat. A steady
+// writer makes reconcile work and tasks, CPU burners keep the cores busy, and
+// every ~2 s the whole database server (the postmaster and every child) is
+// stopped (SIGSTOP) for 300 ms, on a private cluster of its own. Throughout,
+// nothing changes hands: compute_lease_takeovers stays empty, every shard keeps
+// its owner and epoch, the standby holds nothing and the holder logs no lost
+// lease; after the load the work converges and every task ran exactly once.
+// It logs the stalls, the largest gap between the holder's heartbeats (seen_at
+// sampled every 50 ms), its dead_after and the margin left.
+//
+// By default the load lasts 15 s with a single burner process, since the test
+// runs beside the rest of the parallel suite; go tool task chaos runs it for 10
+// minutes with a burner per core (BETTER_COMPUTE_NOFLAP_DURATION=10m, or
+// NOFLAP=…).
+func TestChaosNoFlapUnderLoad(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	duration, burners := noflapLoad(t)
+
+	// A cluster of its own: the test stalls the whole server.
+	cluster, err := embedded.Start(ctx, embedded.Options{Fast: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cluster.Stop() })
+	postmaster := postmasterPID(t, cluster.Dir())
+	// Registered after the cluster's Stop, so it runs first: no process of the
+	// server stays stopped, whatever way the test ends.
+	t.Cleanup(func() { continueCluster(postmaster) })
+	out, err := exec.Command(exampleApp(t), "migrate", "--database-url", cluster.URL(), "--log-level", "warn").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "applied example/0002_reconcile_log")
+	pool, err := pg.Open(ctx, pg.Options{URL: cluster.URL(), MaxConns: 10})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	db := &pgtest.DB{Pool: pool, Name: embedded.Database, URL: cluster.URL()}
+
+	holder := startWorker(t, db, append([]string{"BETTER_COMPUTE_WORKER_ID=holder"}, noflapEnv...)...)
+	workertest.WaitFor(t, 30*time.Second, "the holder holds every shard", func() bool { return leasesOf(t, db, holder) == 16 })
+	standby := startWorker(t, db, append([]string{"BETTER_COMPUTE_WORKER_ID=standby"}, noflapEnv...)...)
+	workertest.WaitFor(t, 30*time.Second, "the standby has claimed its identity and beats", func() bool {
+		return db.MustCount(t, `SELECT count(*) FROM compute_workers WHERE identity = 'standby' AND pid = $1
+			AND stopped_at IS NULL AND seen_at > started_at`, standby.pid) == 1
+	})
+	owner := ownerOf(t, db, holder)
+	require.Equal(t, "holder#1", owner)
+	require.Equal(t, "standby#1", ownerOf(t, db, standby))
+	before := epochs(t, db)
+	require.Len(t, before, 16)
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM compute_lease_takeovers`), "a takeover before the load")
+	var deadAfter time.Duration
+	var deadAfterSecs float64
+	require.NoError(t, db.QueryRow(ctx, `SELECT extract(epoch FROM dead_after)::float8 FROM compute_workers
+		WHERE identity = 'holder'`).Scan(&deadAfterSecs))
+	deadAfter = time.Duration(deadAfterSecs * float64(time.Second))
+
+	// The work: changes over 200 keys to reconcile, and tasks. Their stops are
+	// registered before the stall loop's, so at a failure the server is running
+	// again before they wait for their last statement.
+	var stopWriter atomic.Bool
+	var changes atomic.Int64
+	var writeErr atomic.Value
+	var writerWG sync.WaitGroup
+	writerWG.Go(func() {
+		for i := 0; !stopWriter.Load(); i++ {
+			if err := exampleChange(db, fmt.Sprintf("item-%03d", rand.IntN(200)), int64(i)); err != nil {
+				writeErr.Store(err)
+				return
+			}
+			changes.Add(1)
+			time.Sleep(2 * time.Millisecond)
+		}
+	})
+	stopWriting := func() { stopWriter.Store(true); writerWG.Wait() }
+	t.Cleanup(stopWriting)
+	stopTasks := producer(t, db, 10*time.Millisecond)
+
+	beats := sampleHeartbeat(t, cluster.URL(), "holder")
+	stopBurners := startBurners(t, burners)
+	stalls := stallEvery(t, postmaster)
+
+	loadStart := time.Now()
+	time.Sleep(duration)
+	st, stallErr := stalls.stop()
+	stopBurners()
+	stopWriting()
+	inserted := stopTasks()
+	loaded := time.Since(loadStart)
+	hb := beats.stop()
+	require.NoError(t, stallErr, "a stall")
+	if err, _ := writeErr.Load().(error); err != nil {
+		t.Fatalf("the writer failed: %v", err)
+	}
+
+	t.Logf("no-flap load: %s, %d CPU burners (%d cores), %d changes, %d tasks", loaded.Round(time.Second), burners, runtime.NumCPU(),
+		changes.Load(), inserted)
+	t.Logf("stalls: %d of %s (SIGSTOP of %d to %d server processes, %d of them not seen stopped; held %s at most)", st.count, noflapStall,
+		st.minProcs, st.maxProcs, st.notStopped, st.longest.Round(time.Millisecond))
+	t.Logf("holder's heartbeat: %d samples, %d beats seen, largest gap between beats %s (at %s into the load), %d gaps over 1 s; largest silence seen by a sample %s; %d failed samples",
+		hb.samples, hb.beats, hb.maxGap.Round(time.Millisecond), hb.maxGapAt.Sub(loadStart).Round(time.Millisecond), hb.over1s,
+		hb.maxAge.Round(time.Millisecond), hb.failed)
+	t.Logf("holder's dead_after %s: margin left %s (%.0f%% of dead_after)", deadAfter, (deadAfter - hb.maxGap).Round(time.Millisecond),
+		100*float64(deadAfter-hb.maxGap)/float64(deadAfter))
+	warnings := logWarnings(t, holder)
+	t.Logf("holder's warnings and errors: %v", warnings)
+	require.Positive(t, st.count, "no stall happened")
+	require.Zero(t, st.notStopped, "a server process was not stopped during a stall")
+	require.Positive(t, hb.beats, "no heartbeat of the holder was seen")
+
+	// Nothing changed hands.
+	takeovers := noflapTakeovers(t, db)
+	leases := noflapLeases(t, db)
+	if len(takeovers) > 0 || lostLeases(t, holder) > 0 {
+		t.Logf("takeovers: %s", strings.Join(takeovers, "; "))
+		t.Logf("shard leases: %s", strings.Join(leases, "; "))
+		t.Logf("holder's log around the losses:\n%s", logAround(t, holder, isLossLine, 8))
+		t.Logf("standby's log, leases acquired:\n%s", logAround(t, standby, func(m string) bool { return m == "lease acquired" }, 0))
+		t.Logf("holder's heartbeat gaps over 1 s: %s", hb.bigGaps(loadStart))
+	}
+	require.Empty(t, takeovers, "a lease changed hands (compute_lease_takeovers); leases now: %s", strings.Join(leases, "; "))
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE name LIKE 'shard/%' AND owner <> $1`, owner),
+		"a shard is not the holder's: %s", strings.Join(leases, "; "))
+	require.Equal(t, before, epochs(t, db), "a shard lease's epoch changed: %s", strings.Join(leases, "; "))
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE owner = $1`, ownerOf(t, db, standby)),
+		"the standby holds a lease: %s", strings.Join(leases, "; "))
+	require.Equal(t, 16, leasesOf(t, db, holder), "the holder's leases are unexpired")
+	require.Zero(t, lostLeases(t, holder), "the holder logged a lost lease:\n%s", logAround(t, holder, isLossLine, 8))
+
+	// The work converges, and the holder did all of it.
+	workertest.WaitFor(t, 90*time.Second, "every change is reconciled", func() bool { return converged(t, db) })
+	workertest.WaitFor(t, 90*time.Second, "every task ran", func() bool { return ranExactlyOnce(t, db, inserted) })
+	require.Equal(t, inserted, db.MustCount(t, `SELECT count(*) FROM example_task_runs`), "a task's fenced write recorded twice")
+	require.Equal(t, inserted, db.MustCount(t, `SELECT count(*) FROM example_task_runs WHERE worker = $1`, strconv.Itoa(holder.pid)),
+		"a task ran elsewhere than on the holder")
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log WHERE worker <> $1`, strconv.Itoa(holder.pid)),
+		"a reconcile ran elsewhere than on the holder")
+	require.Empty(t, noflapTakeovers(t, db), "a lease changed hands after the load")
+	require.Equal(t, before, epochs(t, db), "a shard lease's epoch changed after the load")
+}
+
+// postmasterPID reads the server's pid from dir/postmaster.pid.
+func postmasterPID(t *testing.T, dir string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "postmaster.pid"))
+	require.NoError(t, err)
+	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
+	require.NoError(t, err, "postmaster.pid")
+	return pid
+}
+
+// childrenOf lists the processes whose parent is pid, from /proc.
+func childrenOf(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// pid (comm) state ppid …: comm may hold spaces and parentheses.
+		s := string(b)
+		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// stallCluster stops the postmaster, then every child of it (the postmaster
+// stopped forks none meanwhile), for d, and continues each before it returns,
+// however it returns. It returns how many processes it stopped, and how many of
+// them /proc showed stopped (or exited: a backend already exiting) at the end
+// of d.
+func stallCluster(postmaster int, d time.Duration) (n, seen int, err error) {
+	var stopped []int
+	defer func() {
+		for i := len(stopped) - 1; i >= 0; i-- {
+			_ = syscall.Kill(stopped[i], syscall.SIGCONT)
+		}
+	}()
+	if err := syscall.Kill(postmaster, syscall.SIGSTOP); err != nil {
+		return 0, 0, fmt.Errorf("SIGSTOP postmaster %d: %w", postmaster, err)
+	}
+	stopped = append(stopped, postmaster)
+	for _, c := range childrenOf(postmaster) {
+		if syscall.Kill(c, syscall.SIGSTOP) == nil {
+			stopped = append(stopped, c)
+		}
+	}
+	time.Sleep(d)
+	for _, p := range stopped {
+		if st := procState(p); st == "T" || st == "Z" || st == "" {
+			seen++
+		}
+	}
+	return len(stopped), seen, nil
+}
+
+// procState is the state letter of process pid in /proc ("" when it is gone).
+func procState(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	if f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]); len(f) > 0 {
+		return f[0]
+	}
+	return ""
+}
+
+// continueCluster sends SIGCONT to the postmaster and every child of it.
+func continueCluster(postmaster int) {
+	_ = syscall.Kill(postmaster, syscall.SIGCONT)
+	for _, c := range childrenOf(postmaster) {
+		_ = syscall.Kill(c, syscall.SIGCONT)
+	}
+}
+
+type stallStats struct {
+	count              int
+	minProcs, maxProcs int
+	notStopped         int           // processes /proc did not show stopped at a stall's end
+	longest            time.Duration // from the SIGSTOP of the postmaster to the last SIGCONT
+}
+
+type staller struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	stats  stallStats
+	err    error
+	once   sync.Once
+}
+
+// stallEvery stalls the cluster of postmaster for noflapStall every
+// noflapStallEvery (±500 ms) until stop, which t's cleanup also calls.
+func stallEvery(t *testing.T, postmaster int) *staller {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &staller{cancel: cancel}
+	s.wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(noflapStallEvery - 500*time.Millisecond + rand.N(time.Second)):
+			}
+			t0 := time.Now()
+			n, seen, err := stallCluster(postmaster, noflapStall)
+			s.stats.notStopped += n - seen
+			if err != nil {
+				s.err = err
+				return
+			}
+			held := time.Since(t0)
+			s.stats.count++
+			s.stats.longest = max(s.stats.longest, held)
+			s.stats.maxProcs = max(s.stats.maxProcs, n)
+			if s.stats.minProcs == 0 || n < s.stats.minProcs {
+				s.stats.minProcs = n
+			}
+		}
+	})
+	t.Cleanup(func() {
+		if _, err := s.stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
+
+// stop ends the stalls (the one under way ends with its SIGCONTs) and returns
+// what they were, or why a stall could not be made.
+func (s *staller) stop() (stallStats, error) {
+	s.once.Do(func() { s.cancel(); s.wg.Wait() })
+	return s.stats, s.err
+}
+
+// startBurners starts n CPU burners (this test binary re-executed, spinning on
+// one core each); the returned function, also run at cleanup, kills them.
+func startBurners(t *testing.T, n int) (stop func()) {
+	t.Helper()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	var cmds []*exec.Cmd
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			for _, c := range cmds {
+				_ = c.Process.Kill()
+				_ = c.Wait()
+			}
+		})
+	}
+	t.Cleanup(stop)
+	for range n {
+		c := exec.Command(self, "-test.run=^$")
+		c.Env = append(os.Environ(), noflapBurnEnv+"=1")
+		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // gone with the test binary
+		require.NoError(t, c.Start())
+		cmds = append(cmds, c)
+	}
+	return stop
+}
+
+type beatStats struct {
+	samples, beats, failed, over1s int
+	maxGap                         time.Duration // the largest increase of seen_at between two samples
+	maxGapAt                       time.Time     // when (local clock) the sample that saw it was taken
+	maxAge                         time.Duration // the largest now() - seen_at a sample saw
+	gaps                           []beatGap     // those over 1 s
+}
+
+type beatGap struct {
+	at  time.Time
+	gap time.Duration
+}
+
+func (b beatStats) bigGaps(from time.Time) string {
+	var parts []string
+	for _, g := range b.gaps {
+		parts = append(parts, fmt.Sprintf("%s at +%s", g.gap.Round(time.Millisecond), g.at.Sub(from).Round(time.Millisecond)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+type beatSampler struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	stats  beatStats
+	once   sync.Once
+}
+
+// sampleHeartbeat reads identity's seen_at every noflapSample, on a connection
+// of its own, until stop (also at cleanup), tracking the largest increase of
+// seen_at between two samples: the largest gap between two heartbeats. A stall
+// stalls the sampler too, which does not hide a gap: seen_at is the beat's.
+func sampleHeartbeat(t *testing.T, url, identity string) *beatSampler {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), url)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &beatSampler{cancel: cancel}
+	s.wg.Go(func() {
+		defer conn.Close(context.Background())
+		var last time.Time
+		for ctx.Err() == nil {
+			var seen time.Time
+			var age float64
+			qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
+			err := conn.QueryRow(qctx, `SELECT seen_at, extract(epoch FROM clock_timestamp() - seen_at)::float8
+				FROM compute_workers WHERE identity = $1`, identity).Scan(&seen, &age)
+			qcancel()
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil:
+				s.stats.failed++
+			default:
+				s.stats.samples++
+				s.stats.maxAge = max(s.stats.maxAge, time.Duration(age*float64(time.Second)))
+				if !last.IsZero() && seen.After(last) {
+					s.stats.beats++
+					gap := seen.Sub(last)
+					if gap > s.stats.maxGap {
+						s.stats.maxGap, s.stats.maxGapAt = gap, time.Now()
+					}
+					if gap > time.Second {
+						s.stats.over1s++
+						s.stats.gaps = append(s.stats.gaps, beatGap{at: time.Now(), gap: gap})
+					}
+				}
+				if seen.After(last) {
+					last = seen
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(noflapSample):
+			}
+		}
+	})
+	t.Cleanup(func() { s.stop() })
+	return s
+}
+
+func (s *beatSampler) stop() beatStats {
+	s.once.Do(func() { s.cancel(); s.wg.Wait() })
+	return s.stats
+}
+
+// noflapTakeovers lists the rows of compute_lease_takeovers.
+func noflapTakeovers(t *testing.T, db *pgtest.DB) []string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `SELECT format('%s: %s, last at %s (%s from %s to %s)',
+		reason, count, last_at, last_lease, last_from, last_to) FROM compute_lease_takeovers ORDER BY reason`)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return out
+}
+
+// noflapLeases lists the shard leases: owner, epoch, acquisition and expiry.
+func noflapLeases(t *testing.T, db *pgtest.DB) []string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `SELECT format('%s %s epoch %s acquired %s expires %s',
+		name, owner, epoch, acquired_at, expires_at) FROM compute_leases WHERE name LIKE 'shard/%' ORDER BY name`)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return out
+}
+
+type logLine struct {
+	Level, Message string
+}
+
+func isLossLine(msg string) bool {
+	return msg == "lease lost: another owner took it" || msg == "lease expired without renewal" ||
+		strings.HasPrefix(msg, "heartbeat resumed after a silence")
+}
+
+// logWarnings counts p's warning and error log lines by message.
+func logWarnings(t *testing.T, p *proc) map[string]int {
+	t.Helper()
+	f, err := os.Open(p.log)
+	require.NoError(t, err)
+	defer f.Close()
+	out := map[string]int{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var l logLine
+		if json.Unmarshal(sc.Bytes(), &l) == nil && (l.Level == "warn" || l.Level == "error") {
+			out[l.Message]++
+		}
+	}
+	return out
+}
+
+// logAround returns p's log lines whose message matches, each with context
+// lines before and after it.
+func logAround(t *testing.T, p *proc, match func(msg string) bool, around int) string {
+	t.Helper()
+	b, err := os.ReadFile(p.log)
+	require.NoError(t, err)
+	lines := strings.Split(string(b), "\n")
+	var keep []int
+	for i, l := range lines {
+		var rec logLine
+		if json.Unmarshal([]byte(l), &rec) == nil && match(rec.Message) {
+			for j := max(0, i-around); j <= min(len(lines)-1, i+around); j++ {
+				keep = append(keep, j)
+			}
+		}
+	}
+	slices.Sort(keep)
+	keep = slices.Compact(keep)
+	var out []string
+	for k, i := range keep {
+		if k > 0 && i != keep[k-1]+1 {
+			out = append(out, "…")
+		}
+		out = append(out, lines[i])
+	}
+	if len(out) > 400 {
+		out = append(out[:400], fmt.Sprintf("… (%d more lines)", len(out)-400))
+	}
+	return strings.Join(out, "\n")
+}
