@@ -168,17 +168,17 @@ func TestChaosNoFlapUnderLoad(t *testing.T) {
 
 	t.Logf("no-flap load: %s, %d CPU burners (%d cores), %d changes, %d tasks", loaded.Round(time.Second), burners, runtime.NumCPU(),
 		changes.Load(), inserted)
-	t.Logf("stalls: %d of %s (SIGSTOP of %d to %d server processes, %d of them not seen stopped; held %s at most)", st.count, noflapStall,
-		st.minProcs, st.maxProcs, st.notStopped, st.longest.Round(time.Millisecond))
-	t.Logf("holder's heartbeat: %d samples, %d beats seen, largest gap between beats %s (at %s into the load), %d gaps over 1 s; largest silence seen by a sample %s; %d failed samples",
+	t.Logf("stalls: %d of %s (SIGSTOP of %d to %d server processes; held %s at most); not seen stopped at a stall's end: %d %v",
+		st.count, noflapStall, st.minProcs, st.maxProcs, st.longest.Round(time.Millisecond), len(st.notStopped), st.notStopped)
+	t.Logf("holder's heartbeat: %d samples, %d beats seen, largest gap between beats %s (at %s into the load), %d gaps over 1 s; largest silence seen by a sample %s; slowest sample %s; %d failed samples",
 		hb.samples, hb.beats, hb.maxGap.Round(time.Millisecond), hb.maxGapAt.Sub(loadStart).Round(time.Millisecond), hb.over1s,
-		hb.maxAge.Round(time.Millisecond), hb.failed)
+		hb.maxAge.Round(time.Millisecond), hb.maxLatency.Round(time.Millisecond), hb.failed)
 	t.Logf("holder's dead_after %s: margin left %s (%.0f%% of dead_after)", deadAfter, (deadAfter - hb.maxGap).Round(time.Millisecond),
 		100*float64(deadAfter-hb.maxGap)/float64(deadAfter))
 	warnings := logWarnings(t, holder)
 	t.Logf("holder's warnings and errors: %v", warnings)
 	require.Positive(t, st.count, "no stall happened")
-	require.Zero(t, st.notStopped, "a server process was not stopped during a stall")
+	require.GreaterOrEqual(t, hb.maxLatency, noflapStall*2/3, "no sample waited out a stall: did the stalls stop the server?")
 	require.Positive(t, hb.beats, "no heartbeat of the holder was seen")
 
 	// Nothing changed hands.
@@ -247,10 +247,10 @@ func childrenOf(pid int) []int {
 
 // stallCluster stops the postmaster, then every child of it (the postmaster
 // stopped forks none meanwhile), for d, and continues each before it returns,
-// however it returns. It returns how many processes it stopped, and how many of
-// them /proc showed stopped (or exited: a backend already exiting) at the end
-// of d.
-func stallCluster(postmaster int, d time.Duration) (n, seen int, err error) {
+// however it returns. It returns how many processes it stopped, and those /proc
+// did not show stopped (nor exited) at the end of d, as "pid (comm) state": a
+// process in uninterruptible sleep (D) stops only when its I/O ends.
+func stallCluster(postmaster int, d time.Duration) (n int, notStopped []string, err error) {
 	var stopped []int
 	defer func() {
 		for i := len(stopped) - 1; i >= 0; i-- {
@@ -258,7 +258,7 @@ func stallCluster(postmaster int, d time.Duration) (n, seen int, err error) {
 		}
 	}()
 	if err := syscall.Kill(postmaster, syscall.SIGSTOP); err != nil {
-		return 0, 0, fmt.Errorf("SIGSTOP postmaster %d: %w", postmaster, err)
+		return 0, nil, fmt.Errorf("SIGSTOP postmaster %d: %w", postmaster, err)
 	}
 	stopped = append(stopped, postmaster)
 	for _, c := range childrenOf(postmaster) {
@@ -268,24 +268,27 @@ func stallCluster(postmaster int, d time.Duration) (n, seen int, err error) {
 	}
 	time.Sleep(d)
 	for _, p := range stopped {
-		if st := procState(p); st == "T" || st == "Z" || st == "" {
-			seen++
+		if comm, st := procState(p); st != "T" && st != "Z" && st != "" {
+			notStopped = append(notStopped, fmt.Sprintf("%d %s %s", p, comm, st))
 		}
 	}
-	return len(stopped), seen, nil
+	return len(stopped), notStopped, nil
 }
 
-// procState is the state letter of process pid in /proc ("" when it is gone).
-func procState(pid int) string {
+// procState is the "(comm)" and state letter of process pid in /proc (state ""
+// when it is gone).
+func procState(pid int) (comm, state string) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return ""
+		return "", ""
 	}
 	s := string(b)
-	if f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]); len(f) > 0 {
-		return f[0]
+	end := strings.LastIndexByte(s, ')')
+	comm = s[strings.IndexByte(s, '(') : end+1]
+	if f := strings.Fields(s[end+1:]); len(f) > 0 {
+		state = f[0]
 	}
-	return ""
+	return comm, state
 }
 
 // continueCluster sends SIGCONT to the postmaster and every child of it.
@@ -299,7 +302,7 @@ func continueCluster(postmaster int) {
 type stallStats struct {
 	count              int
 	minProcs, maxProcs int
-	notStopped         int           // processes /proc did not show stopped at a stall's end
+	notStopped         []string      // processes /proc did not show stopped at a stall's end
 	longest            time.Duration // from the SIGSTOP of the postmaster to the last SIGCONT
 }
 
@@ -325,8 +328,8 @@ func stallEvery(t *testing.T, postmaster int) *staller {
 			case <-time.After(noflapStallEvery - 500*time.Millisecond + rand.N(time.Second)):
 			}
 			t0 := time.Now()
-			n, seen, err := stallCluster(postmaster, noflapStall)
-			s.stats.notStopped += n - seen
+			n, notStopped, err := stallCluster(postmaster, noflapStall)
+			s.stats.notStopped = append(s.stats.notStopped, notStopped...)
 			if err != nil {
 				s.err = err
 				return
@@ -387,6 +390,7 @@ type beatStats struct {
 	maxGap                         time.Duration // the largest increase of seen_at between two samples
 	maxGapAt                       time.Time     // when (local clock) the sample that saw it was taken
 	maxAge                         time.Duration // the largest now() - seen_at a sample saw
+	maxLatency                     time.Duration // the slowest sample: a stall shows here
 	gaps                           []beatGap     // those over 1 s
 }
 
@@ -427,9 +431,11 @@ func sampleHeartbeat(t *testing.T, url, identity string) *beatSampler {
 			var seen time.Time
 			var age float64
 			qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
+			t0 := time.Now()
 			err := conn.QueryRow(qctx, `SELECT seen_at, extract(epoch FROM clock_timestamp() - seen_at)::float8
 				FROM compute_workers WHERE identity = $1`, identity).Scan(&seen, &age)
 			qcancel()
+			s.stats.maxLatency = max(s.stats.maxLatency, time.Since(t0))
 			switch {
 			case ctx.Err() != nil:
 				return
