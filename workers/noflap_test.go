@@ -491,14 +491,16 @@ type beatStats struct {
 }
 
 type beatGap struct {
-	at  time.Time
-	gap time.Duration
+	at   time.Time     // when (local clock) the sample that saw it was taken
+	from time.Time     // the seen_at before the gap (the database's clock)
+	gap  time.Duration // to the next seen_at
 }
 
 func (b beatStats) bigGaps(from time.Time) string {
 	var parts []string
 	for _, g := range b.gaps {
-		parts = append(parts, fmt.Sprintf("%s at +%s", g.gap.Round(time.Millisecond), g.at.Sub(from).Round(time.Millisecond)))
+		parts = append(parts, fmt.Sprintf("%s at +%s (beats at %s and %s UTC)", g.gap.Round(time.Millisecond),
+			g.at.Sub(from).Round(time.Millisecond), g.from.UTC().Format("15:04:05.000"), g.from.Add(g.gap).UTC().Format("15:04:05.000")))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -548,7 +550,7 @@ func sampleHeartbeat(t *testing.T, url, identity string) *beatSampler {
 					}
 					if gap > time.Second {
 						s.stats.over1s++
-						s.stats.gaps = append(s.stats.gaps, beatGap{at: time.Now(), gap: gap})
+						s.stats.gaps = append(s.stats.gaps, beatGap{at: time.Now(), from: last, gap: gap})
 					}
 				}
 				if seen.After(last) {
