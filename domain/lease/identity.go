@@ -90,7 +90,10 @@ type Predecessor struct {
 }
 
 // Owner is the lease owner of this incarnation.
-func (i *Incarnation) Owner() string { return i.Identity + "#" + strconv.FormatInt(i.Number, 10) }
+func (i *Incarnation) Owner() string { return ownerOf(i.Identity, i.Number) }
+
+// ownerOf is the lease owner of incarnation n of identity: "<identity>#<n>".
+func ownerOf(identity string, n int64) string { return identity + "#" + strconv.FormatInt(n, 10) }
 
 // OwnerIdentity splits a lease owner "<identity>#<n>" into its identity and
 // incarnation; ok is false for an owner of another form.
@@ -402,8 +405,7 @@ func (i *Incarnation) attempted(start time.Time) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	if !i.attempt.IsZero() && start.Sub(i.attempt) > i.deadAfter {
-		i.gen++
-		i.doubt = i.gen
+		i.doubtLocked()
 	}
 	i.attempt = start
 }
@@ -413,6 +415,11 @@ func (i *Incarnation) attempted(start time.Time) {
 func (i *Incarnation) doubtHoldings() {
 	i.mu.Lock()
 	defer i.mu.Unlock()
+	i.doubtLocked()
+}
+
+// doubtLocked starts a new generation of doubt; i.mu is held.
+func (i *Incarnation) doubtLocked() {
 	i.gen++
 	i.doubt = i.gen
 }

@@ -154,7 +154,7 @@ func (k *Keeper) Want(names ...string) {
 		delete(k.retry, n)
 	}
 	k.mu.Unlock()
-	k.poke()
+	k.Wake()
 }
 
 // Held returns the current holding of name, if this keeper holds it and it has
@@ -193,12 +193,10 @@ func (k *Keeper) HeldAll() []Lease {
 	return out
 }
 
-// Wake makes the keeper run a round now: its process has reason to think its
-// holdings changed (it was silent past its heartbeat deadline, so a standby may
-// have taken them).
-func (k *Keeper) Wake() { k.poke() }
-
-func (k *Keeper) poke() {
+// Wake makes the keeper run a round now: it wants new names, or its process
+// has reason to think its holdings changed (it was silent past its heartbeat
+// deadline, so a standby may have taken them).
+func (k *Keeper) Wake() {
 	select {
 	case k.wake <- struct{}{}:
 	default:

@@ -2,7 +2,6 @@ package lease
 
 import (
 	"context"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,7 +33,7 @@ type workerStatus struct {
 }
 
 // Owner is the lease owner of the incarnation.
-func (w Worker) Owner() string { return w.Identity + "#" + strconv.FormatInt(w.Incarnation, 10) }
+func (w Worker) Owner() string { return ownerOf(w.Identity, w.Incarnation) }
 
 // Silenced says whether other owners may take its leases now: it has been
 // silent past the dead_after it declared.
@@ -48,13 +47,12 @@ func Workers(ctx context.Context, db pg.DBTX, recent time.Duration) ([]Worker, e
 SELECT w.identity, w.incarnation, w.host, w.pid,
        extract(epoch FROM compute_now() - w.seen_at)::float8 AS silent_secs,
        coalesce(extract(epoch FROM w.dead_after)::float8, 0) AS dead_after_secs,
-       (SELECT count(*) FROM compute_leases l
-        WHERE l.owner = w.identity || '#' || w.incarnation AND l.expires_at > compute_now())::int AS leases
-FROM compute_workers w
+       h.leases
+FROM compute_workers w,
+LATERAL (SELECT count(*)::int AS leases FROM compute_leases l
+         WHERE l.owner = w.identity || '#' || w.incarnation AND l.expires_at > compute_now()) h
 WHERE w.stopped_at IS NULL
-  AND (w.seen_at > compute_now() - make_interval(secs => $1)
-       OR EXISTS (SELECT 1 FROM compute_leases l
-                  WHERE l.owner = w.identity || '#' || w.incarnation AND l.expires_at > compute_now()))
+  AND (w.seen_at > compute_now() - make_interval(secs => $1) OR h.leases > 0)
 ORDER BY w.identity`, recent.Seconds())
 	if err != nil {
 		return nil, pg.Translate(err)
