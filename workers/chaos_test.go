@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -32,13 +31,7 @@ import (
 // chaosRounds is the number of rounds: small in the default suite, and the full
 // size under go tool task chaos (BETTER_COMPUTE_CHAOS_ROUNDS=100).
 func chaosRounds(t *testing.T, def int) int {
-	t.Helper()
-	if s := os.Getenv("BETTER_COMPUTE_CHAOS_ROUNDS"); s != "" {
-		n, err := strconv.Atoi(s)
-		require.NoError(t, err, "BETTER_COMPUTE_CHAOS_ROUNDS")
-		return n
-	}
-	return def
+	return envInt(t, "BETTER_COMPUTE_CHAOS_ROUNDS", def)
 }
 
 // chaosReport is what a run measured.

@@ -3,7 +3,6 @@ package workers_test
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -551,36 +550,13 @@ func queuesWorked(b *testing.B, path string, killed time.Time) time.Duration {
 	return 0
 }
 
-// workerLogLine is a line of a worker's JSON log.
-type workerLogLine struct {
-	Time                          time.Time
-	Message, Lease, Queue, Reason string
-	Previous                      string `json:"previous_owner"`
-}
-
-func workerLog(b *testing.B, path string) []workerLogLine {
-	log, err := os.ReadFile(path)
-	require.NoError(b, err)
-	var out []workerLogLine
-	for _, l := range strings.Split(string(log), "\n") {
-		var rec workerLogLine
-		if json.Unmarshal([]byte(l), &rec) == nil {
-			out = append(out, rec)
-		}
-	}
-	return out
-}
-
-// takeoverCounts is compute_lease_takeovers, one "reason=count" each.
+// takeoverCounts is compute_lease_takeovers, one row after another.
 func takeoverCounts(b *testing.B, db *pgtest.DB) string {
-	rows, err := db.Query(context.Background(), `SELECT reason || '=' || count FROM compute_lease_takeovers ORDER BY reason`)
-	require.NoError(b, err)
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(b, err)
+	out := takeoverRows(b, db)
 	if len(out) == 0 {
 		return "none"
 	}
-	return strings.Join(out, " ")
+	return strings.Join(out, "; ")
 }
 
 // killProducer inserts jobs at a steady rate until stopped: one insert per
@@ -841,17 +817,4 @@ func loadAverage() string {
 		return f[0]
 	}
 	return "?"
-}
-
-// envInt reads a whole number from name.
-func envInt(b *testing.B, name string, def int) int {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		b.Fatalf("%s=%q: want a whole number", name, v)
-	}
-	return n
 }

@@ -1,7 +1,6 @@
 package workers_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -199,7 +198,7 @@ func TestChaosNoFlapUnderLoad(t *testing.T) {
 	require.Positive(t, hb.beats, "no heartbeat of the holder was seen")
 
 	// Nothing changed hands.
-	takeovers := noflapTakeovers(t, db)
+	takeovers := takeoverRows(t, db)
 	leases := noflapLeases(t, db)
 	if len(takeovers) > 0 || lostLeases(t, holder) > 0 {
 		t.Logf("takeovers: %s", strings.Join(takeovers, "; "))
@@ -224,7 +223,7 @@ func TestChaosNoFlapUnderLoad(t *testing.T) {
 		"a task ran elsewhere than on the holder")
 	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM example_reconcile_log WHERE worker <> $1`, strconv.Itoa(holder.pid)),
 		"a reconcile ran elsewhere than on the holder")
-	require.Empty(t, noflapTakeovers(t, db), "a lease changed hands after the load")
+	require.Empty(t, takeoverRows(t, db), "a lease changed hands after the load")
 	require.Equal(t, before, epochs(t, db), "a shard lease's epoch changed after the load")
 }
 
@@ -572,17 +571,6 @@ func (s *beatSampler) stop() beatStats {
 	return s.stats
 }
 
-// noflapTakeovers lists the rows of compute_lease_takeovers.
-func noflapTakeovers(t *testing.T, db *pgtest.DB) []string {
-	t.Helper()
-	rows, err := db.Query(context.Background(), `SELECT format('%s: %s, last at %s (%s from %s to %s)',
-		reason, count, last_at, last_lease, last_from, last_to) FROM compute_lease_takeovers ORDER BY reason`)
-	require.NoError(t, err)
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return out
-}
-
 // noflapLeases lists the shard leases: owner, epoch, acquisition and expiry.
 func noflapLeases(t *testing.T, db *pgtest.DB) []string {
 	t.Helper()
@@ -594,10 +582,6 @@ func noflapLeases(t *testing.T, db *pgtest.DB) []string {
 	return out
 }
 
-type logLine struct {
-	Level, Message string
-}
-
 func isLossLine(msg string) bool {
 	return msg == "lease lost: another owner took it" || msg == "lease expired without renewal" ||
 		strings.HasPrefix(msg, "heartbeat resumed after a silence")
@@ -606,15 +590,9 @@ func isLossLine(msg string) bool {
 // logWarnings counts p's warning and error log lines by message.
 func logWarnings(t *testing.T, p *proc) map[string]int {
 	t.Helper()
-	f, err := os.Open(p.log)
-	require.NoError(t, err)
-	defer f.Close()
 	out := map[string]int{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		var l logLine
-		if json.Unmarshal(sc.Bytes(), &l) == nil && (l.Level == "warn" || l.Level == "error") {
+	for _, l := range workerLog(t, p.log) {
+		if l.Level == "warn" || l.Level == "error" {
 			out[l.Message]++
 		}
 	}
@@ -630,7 +608,7 @@ func logAround(t *testing.T, p *proc, match func(msg string) bool, around int) s
 	lines := strings.Split(string(b), "\n")
 	var keep []int
 	for i, l := range lines {
-		var rec logLine
+		var rec workerLogLine
 		if json.Unmarshal([]byte(l), &rec) == nil && match(rec.Message) {
 			for j := max(0, i-around); j <= min(len(lines)-1, i+around); j++ {
 				keep = append(keep, j)

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/jobs"
@@ -260,16 +261,36 @@ func TestProcessSIGSTOP(t *testing.T) {
 	}
 }
 
+// workerLogLine is a line of a worker's JSON log: the fields the tests read.
+type workerLogLine struct {
+	Time                                 time.Time
+	Level, Message, Lease, Queue, Reason string
+	Previous                             string `json:"previous_owner"`
+	JobID                                int64  `json:"job_id"`
+}
+
+// workerLog is every JSON line of the worker log at path.
+func workerLog(t testing.TB, path string) []workerLogLine {
+	t.Helper()
+	log, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var out []workerLogLine
+	for _, l := range strings.Split(string(log), "\n") {
+		var rec workerLogLine
+		if json.Unmarshal([]byte(l), &rec) == nil {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
 // lostLeases counts the shard leases p's log says it lost (taken by another
 // owner, or expired by its own clock without renewal).
 func lostLeases(t *testing.T, p *proc) int {
 	t.Helper()
-	b, err := os.ReadFile(p.log)
-	require.NoError(t, err)
 	lost := map[string]bool{}
-	for _, l := range strings.Split(string(b), "\n") {
-		var rec struct{ Lease, Message string }
-		if json.Unmarshal([]byte(l), &rec) == nil && strings.HasPrefix(rec.Lease, "shard/") &&
+	for _, rec := range workerLog(t, p.log) {
+		if strings.HasPrefix(rec.Lease, "shard/") &&
 			(rec.Message == "lease lost: another owner took it" || rec.Message == "lease expired without renewal") {
 			lost[rec.Lease] = true
 		}
@@ -280,16 +301,39 @@ func lostLeases(t *testing.T, p *proc) int {
 // stoppedQueues counts the shard queues p's log says it stopped working.
 func stoppedQueues(t *testing.T, p *proc) int {
 	t.Helper()
-	b, err := os.ReadFile(p.log)
-	require.NoError(t, err)
 	stopped := map[string]bool{}
-	for _, l := range strings.Split(string(b), "\n") {
-		var rec struct{ Queue, Message string }
-		if json.Unmarshal([]byte(l), &rec) == nil && strings.HasPrefix(rec.Queue, "shard_") && rec.Message == "stopped working queue" {
+	for _, rec := range workerLog(t, p.log) {
+		if strings.HasPrefix(rec.Queue, "shard_") && rec.Message == "stopped working queue" {
 			stopped[rec.Queue] = true
 		}
 	}
 	return len(stopped)
+}
+
+// envInt reads a whole number from the environment variable name, def when
+// it is unset.
+func envInt(t testing.TB, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatalf("%s=%q: want a whole number", name, v)
+	}
+	return n
+}
+
+// takeoverRows lists compute_lease_takeovers, one row a line.
+func takeoverRows(t testing.TB, db *pgtest.DB) []string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `SELECT format('%s: %s, last at %s (%s from %s to %s)',
+		reason, count, last_at, last_lease, last_from, last_to) FROM compute_lease_takeovers ORDER BY reason`)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return out
 }
 
 // TestProcessGracefulStop: SIGTERM makes a worker finish its jobs and release its

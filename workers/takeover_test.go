@@ -2,9 +2,7 @@ package workers_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,13 +32,7 @@ func takeoverEnv(id string) []string {
 // takeoverRounds is the number of kill rounds: a few in the default suite;
 // BETTER_COMPUTE_TAKEOVER_ROUNDS=20 for the figures of the README.
 func takeoverRounds(t *testing.T, def int) int {
-	t.Helper()
-	if s := os.Getenv("BETTER_COMPUTE_TAKEOVER_ROUNDS"); s != "" {
-		n, err := strconv.Atoi(s)
-		require.NoError(t, err, "BETTER_COMPUTE_TAKEOVER_ROUNDS")
-		return n
-	}
-	return def
+	return envInt(t, "BETTER_COMPUTE_TAKEOVER_ROUNDS", def)
 }
 
 // heartbeatTakeovers is compute_lease_takeovers' count for heartbeat_lost.
@@ -183,13 +175,5 @@ func TestProcessSIGSTOPPastMissedBeats(t *testing.T) {
 // logHas says whether p's log has a record whose message starts with msg.
 func logHas(t *testing.T, p *proc, msg string) bool {
 	t.Helper()
-	b, err := os.ReadFile(p.log)
-	require.NoError(t, err)
-	for _, l := range strings.Split(string(b), "\n") {
-		var rec struct{ Message string }
-		if json.Unmarshal([]byte(l), &rec) == nil && strings.HasPrefix(rec.Message, msg) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(workerLog(t, p.log), func(rec workerLogLine) bool { return strings.HasPrefix(rec.Message, msg) })
 }

@@ -1,13 +1,10 @@
 package workers_test
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -159,19 +156,10 @@ func requireEachStepOnce(t *testing.T, db *pgtest.DB, n int) {
 // fencedJobs are the job ids process p's log says it gave back fenced.
 func fencedJobs(t *testing.T, p *proc) map[int64]bool {
 	t.Helper()
-	f, err := os.Open(p.log)
-	require.NoError(t, err)
-	defer f.Close()
 	out := map[int64]bool{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var line struct {
-			Message string `json:"message"`
-			JobID   int64  `json:"job_id"`
-		}
-		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == "job fenced: given back" {
-			out[line.JobID] = true
+	for _, rec := range workerLog(t, p.log) {
+		if rec.Message == "job fenced: given back" {
+			out[rec.JobID] = true
 		}
 	}
 	return out
