@@ -292,7 +292,8 @@ func benchServerCPU(b *testing.B, db *pgtest.DB) map[int]float64 {
 // reports each peer's CPU per step (this process plus the server processes of
 // the peer's database, read from /proc, so only with a server on this
 // machine): on a machine that other work shares, a steadier figure than
-// steps/s.
+// steps/s; and wf_step_gap_p50_ms, the p50 of the gaps between a workflow's
+// consecutive steps' rows.
 //
 //	go test -run '^$' -bench WorkflowSteps -benchtime 2s -timeout 20m ./workers/workflowworker/
 func BenchmarkWorkflowSteps(b *testing.B) {
@@ -346,6 +347,7 @@ func benchSteps(b *testing.B, poll time.Duration) {
 	w.slice(b, "b", b.N-n1, poll, true)
 
 	b.ReportMetric(w.rate(), "wf_steps/s")
+	b.ReportMetric(benchMs(benchStepGaps(b, w.db, nil), .5), "wf_step_gap_p50_ms")
 	b.ReportMetric(h.rate(), "handchained_steps/s")
 	b.ReportMetric(tps, "pgbench_N_tps")
 	b.ReportMetric(w.rate()/h.rate(), "wf/handchained")
