@@ -122,6 +122,12 @@ func Open(ctx context.Context, o Options) (*Pool, error) {
 	cfg.ConnConfig.StatementCacheCapacity = 0
 	cfg.ConnConfig.DescriptionCacheCapacity = 0
 	cfg.AfterConnect = registerJSON
+	// AfterCommit's hooks: run at a COMMIT, dropped at a ROLLBACK, at the
+	// next BEGIN of a connection whose transaction ended otherwise, or with
+	// the connection.
+	commits := newCommitTracer()
+	cfg.ConnConfig.Tracer = commits
+	cfg.BeforeClose = func(c *pgx.Conn) { commits.take(c) }
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
