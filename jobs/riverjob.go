@@ -600,12 +600,14 @@ SELECT w.id FROM w`, fmt.Sprintf(workflowJobInsert, fmt.Sprint(river.MaxAttempts
 // compute_now(); NULL for none), $10 whether a job follows, $11
 // its queue, $12 its River scheduled_at, $13 its River state, $14 its max
 // attempts, $15 the caller's cause (a traceparent or NULL: the job's
-// metadata). It returns the new seq and job id (NULL without a job); no row
-// means the seq moved (the caller's lock should make that impossible).
+// metadata), $16 without a job, the running job that stays the instance's
+// (an inline step: NULL otherwise). It returns the new seq and job id (NULL
+// without a job); no row means the seq moved (the caller's lock should make
+// that impossible).
 var AdvanceWorkflowSQL = fmt.Sprintf(`
 WITH w AS (
     UPDATE compute_workflows SET status = $3::text, step = $4::text, seq = seq + 1,
-           job_id = CASE WHEN $10::bool THEN nextval('river_job_id_seq') END,
+           job_id = CASE WHEN $10::bool THEN nextval('river_job_id_seq') ELSE $16::bigint END,
            state = COALESCE($5::jsonb, state), result = $6::jsonb, error = $7::text, wait = $8::jsonb,
            wake_at = $9::timestamptz,
            attempt = 0, updated_at = compute_now(),
@@ -613,10 +615,45 @@ WITH w AS (
     WHERE id = $1 AND seq = $2
     RETURNING id, kind, step, seq, job_id
 ), j AS (%s
-    FROM w WHERE w.job_id IS NOT NULL
+    FROM w WHERE $10::bool AND w.job_id IS NOT NULL
     RETURNING id
 )
 SELECT w.seq, w.job_id FROM w`, fmt.Sprintf(workflowJobInsert, "$14::int", "$11::text", "$12::timestamptz", "$13::river_job_state", "$15::text"))
+
+// CompleteJobSQL completes running job $1 at $2 (River's clock: now) with
+// $3 merged into its metadata, as River's JobCompleteTx does, in a statement
+// a batch can carry: the caller's fence holds the row FOR UPDATE. It returns
+// the id; no row means the job was not running.
+const CompleteJobSQL = `UPDATE river_job SET state = 'completed', finalized_at = $2::timestamptz,
+       metadata = CASE WHEN $3::jsonb = '{}'::jsonb THEN metadata ELSE metadata || $3::jsonb END
+WHERE id = $1 AND state = 'running'
+RETURNING id`
+
+// HandOverWorkflowSQL gives workflow $1, at seq $2 and run by the running
+// job $3 (inline steps, whose step at that seq failed), to a new step job for
+// the same seq: retryable at $4 (River's clock: the step's backoff), with its
+// failed attempt counted as River counts one (attempt 1, the error $5 in its
+// errors, at $6), max attempts $7 and cause $8; and completes job $3 at $6. It
+// returns the new job's id; no row means the job no longer runs the workflow.
+var HandOverWorkflowSQL = fmt.Sprintf(`
+WITH w AS (
+    UPDATE compute_workflows SET job_id = nextval('river_job_id_seq'), updated_at = compute_now()
+    WHERE id = $1 AND seq = $2 AND job_id = $3
+    RETURNING id, kind, step, seq, job_id
+), j AS (
+    INSERT INTO river_job (id, args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata, attempt, attempted_at, errors)
+    SELECT w.job_id, jsonb_build_object('workflow_id', w.id, 'workflow', w.kind, 'step', w.step, 'seq', w.seq),
+           '%s', $7::int, %d, old.queue, $4::timestamptz, 'retryable', '{}',
+           CASE WHEN $8::text IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('%s', $8::text) END,
+           1, $6::timestamptz,
+           ARRAY[jsonb_build_object('at', $6::timestamptz, 'attempt', 1, 'error', $5::text, 'trace', '')]
+    FROM w, river_job old WHERE old.id = $3
+    RETURNING id
+), done AS (
+    UPDATE river_job SET state = 'completed', finalized_at = $6::timestamptz
+    WHERE id = $3 AND state = 'running' AND EXISTS (SELECT 1 FROM w)
+)
+SELECT w.job_id FROM w`, WorkflowStepKind, river.PriorityDefault, TraceparentKey)
 
 // WakeWorkflowJobSQL makes the waiting job of workflow $1 available at $3
 // (River's clock: now), when the workflow is waiting and (with $2 not NULL)

@@ -54,6 +54,8 @@ func riverJobStatements() map[string]string {
 		"StartWorkflowsSQL":            StartWorkflowsSQL,
 		"AdvanceWorkflowSQL":           AdvanceWorkflowSQL,
 		"WakeWorkflowJobSQL":           WakeWorkflowJobSQL,
+		"CompleteJobSQL":               CompleteJobSQL,
+		"HandOverWorkflowSQL":          HandOverWorkflowSQL,
 		"WakeWorkflowParentSQL":        WakeWorkflowParentSQL,
 		"WakeDueWorkflowsSQL":          WakeDueWorkflowsSQL,
 		"CancelWorkflowJobsSQL":        CancelWorkflowJobsSQL,

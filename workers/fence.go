@@ -47,6 +47,59 @@ func InTx[T river.JobArgs](ctx context.Context, job *river.Job[T], fn func(ctx c
 	return InTxLease(ctx, job, l, fn)
 }
 
+// Fence is the fence of a job's transaction: the shard lease it runs under
+// and the job's attempt (see FenceTx).
+type Fence struct {
+	Lease lease.Lease
+	Job   *rivertype.JobRow
+}
+
+// Args are the arguments of jobs.FenceSQL for f, for a caller that sends the
+// fence in a batch with the statements that follow it (one round trip).
+func (f Fence) Args() []any {
+	return []any{f.Lease.Name, f.Lease.Owner, f.Lease.Epoch, f.Job.ID, f.Job.Attempt}
+}
+
+// Check is FenceTx's answer from the row of jobs.FenceSQL: nil, FENCED, or
+// err.
+func (f Fence) Check(got int, err error) error { return fenceResult(got, err, f.Lease, f.Job) }
+
+// FencedTx is InTx for a worker that does several units of work in one job,
+// each in a transaction of its own: fn runs the fence itself, first (Fence:
+// jobs.FenceSQL with Args, in its first round trip, checked by Check), and
+// completes the job in the transaction that ends the job's work
+// (jobs.CompleteJobSQL); a transaction that does not complete it leaves it
+// running, for the next one. A FENCED error is reported as InTx reports it.
+func FencedTx[T river.JobArgs](ctx context.Context, job *river.Job[T], fn func(ctx context.Context, tx pgx.Tx, f Fence) error) error {
+	rt := runtimeFrom(ctx)
+	if rt == nil {
+		return fault.New(fault.Internal, "workers.FencedTx: no Runtime in the job's context")
+	}
+	l, ok := rt.leaseForQueue(job.Queue)
+	if !ok {
+		err := fault.New(fault.Fenced, "job %d: this process holds no lease for queue %s", job.ID, job.Queue)
+		rt.fenced(ctx, job.Queue, 0, err)
+		return err
+	}
+	f := Fence{Lease: l, Job: job.JobRow}
+	err := inTxRetrying(ctx, rt, job.JobRow, l, func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx, f) })
+	if fault.Has(err, fault.Fenced) {
+		rt.fenced(ctx, job.Queue, l.Epoch, err)
+	}
+	return err
+}
+
+// Holds reports whether this process still holds the lease of f, as far as it
+// knows without the database (the fence of the next transaction decides).
+func (f Fence) Holds(ctx context.Context) bool {
+	rt := runtimeFrom(ctx)
+	if rt == nil {
+		return false
+	}
+	cur, ok := rt.keeper.Held(f.Lease.Name)
+	return ok && cur.Epoch == f.Lease.Epoch
+}
+
 // InTxLease is InTx fenced by an explicit lease instead of the job's shard lease
 // (outbox sinks fence on their own sink lease).
 func InTxLease[T river.JobArgs](ctx context.Context, job *river.Job[T], l lease.Lease, fn func(ctx context.Context, tx pgx.Tx) error) error {

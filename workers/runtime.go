@@ -81,6 +81,7 @@ type Runtime struct {
 	ctl        *pg.Pool
 	log        zerolog.Logger
 	client     *river.Client[pgx.Tx]
+	driver     *pollDriver
 	keeper     *lease.Keeper
 	inc        *lease.Incarnation // nil for an insert-only client
 	owner      string
@@ -197,7 +198,8 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 			return nil, err
 		}
 	}
-	if rt.client, err = river.NewClient(riverpgxv5.New(o.Pool.Pool), rt.riverConfig()); err != nil {
+	rt.driver = newPollDriver(riverpgxv5.New(o.Pool.Pool))
+	if rt.client, err = river.NewClient[pgx.Tx](rt.driver, rt.riverConfig()); err != nil {
 		rt.retire()
 		return nil, fault.Wrap(fault.InvalidConfig, err, "cannot configure River")
 	}
@@ -298,6 +300,8 @@ func (rt *Runtime) run(names []string) error {
 		return fault.Wrap(fault.Unavailable, err, "cannot start River")
 	}
 	go rt.queueLoop()
+	stopWakes := jobs.OnWake(rt.wakeKey)
+	context.AfterFunc(rt.runCtx, stopWakes)
 	if len(rt.o.Registry.order) > 0 {
 		rt.claimWG.Add(1)
 		go rt.scoutLoop()

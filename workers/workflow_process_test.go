@@ -347,23 +347,42 @@ func TestWorkflowProcessSIGSTOPMidStep(t *testing.T) {
 
 	for _, p := range paused {
 		shard := "shard/" + strings.TrimPrefix(p.queue, "shard_")
-		// The step A was running committed once, by a later attempt of the job,
-		// under the lease B took.
-		var attempt int
-		var epoch int64
-		require.NoError(t, db.QueryRow(ctx, `SELECT attempt, lease_epoch FROM compute_workflow_history
-			WHERE job_id = $1`, p.id).Scan(&attempt, &epoch), "job %d (%s %s)", p.id, p.workflow, p.step)
-		require.Greater(t, attempt, p.attempt, "job %d committed by the paused attempt", p.id)
-		require.Greater(t, epoch, before[shard], "job %d committed under A's lease", p.id)
-		// B's epoch, or one before it: on a loaded machine B may lose a lease
-		// (a renewal slipping past its TTL) and take it again afterwards.
-		require.LessOrEqual(t, epoch, after[shard])
-		var worker string
-		var count int
-		require.NoError(t, db.QueryRow(ctx, `SELECT worker, n FROM example_workflow_effects WHERE workflow_id = $1 AND step = $2`,
-			p.workflow, p.step).Scan(&worker, &count))
-		require.Equal(t, strconv.Itoa(b.pid), worker, "%s %s", p.workflow, p.step)
-		require.Equal(t, 1, count)
+		// A job runs consecutive steps inline: the steps A committed before
+		// its pause are A's attempt's, under A's lease, with A's effects; the
+		// step A was running, and any after it, committed once each, by a
+		// later attempt of the same job, under the lease B took, with B's
+		// effects.
+		type commit struct {
+			Step, Worker string
+			Attempt, N   int
+			Epoch        int64
+		}
+		rows, err := db.Query(ctx, `SELECT h.step, e.worker, h.attempt, e.n, h.lease_epoch FROM compute_workflow_history h
+			JOIN example_workflow_effects e ON e.workflow_id = h.workflow_id AND e.step = h.step
+			WHERE h.job_id = $1 ORDER BY h.seq`, p.id)
+		require.NoError(t, err)
+		commits, err := pgx.CollectRows(rows, pgx.RowToStructByPos[commit])
+		require.NoError(t, err)
+		var resumed int
+		for _, c := range commits {
+			require.Equal(t, 1, c.N, "%s %s", p.workflow, c.Step)
+			if c.Epoch == before[shard] {
+				require.Equal(t, strconv.Itoa(a.pid), c.Worker, "%s %s: committed under A's lease, not A's effect", p.workflow, c.Step)
+				require.Zero(t, resumed, "%s %s: A committed a step after a later attempt's", p.workflow, c.Step)
+				continue
+			}
+			if resumed == 0 {
+				// The step A was running: the first of the later attempt's.
+				require.Greater(t, c.Attempt, p.attempt, "job %d (%s %s) committed by the paused attempt", p.id, p.workflow, c.Step)
+			}
+			resumed++
+			require.Greater(t, c.Epoch, before[shard], "job %d (%s %s) committed under A's lease", p.id, p.workflow, c.Step)
+			// B's epoch, or one before it: on a loaded machine B may lose a
+			// lease (a renewal slipping past its TTL) and take it again.
+			require.LessOrEqual(t, c.Epoch, after[shard])
+			require.Equal(t, strconv.Itoa(b.pid), c.Worker, "%s %s", p.workflow, c.Step)
+		}
+		require.Positive(t, resumed, "job %d (%s): the step A was running was committed by a later attempt", p.id, p.workflow)
 	}
 	t.Logf("A paused mid-step in %d step jobs; B took every shard %s after the pause and finished the %d orders %s after it; woken, A was fenced on all of them and committed nothing; test took %s",
 		len(paused), tookOver.Round(time.Millisecond), n, finished.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))

@@ -21,23 +21,38 @@ import (
 // lock an instance at a seq, decide what resumes it, plan and apply a
 // transition.
 
-// LockTx locks workflow id's row in tx at seq and returns it, or nil when its
-// seq is no longer seq (the job is stale: another step committed, or a cancel)
-// or the workflow is gone (pruned). The lock is FOR NO KEY UPDATE: it excludes
-// every other transaction that moves the instance, and no signal (see
-// SignalTx): a step may hold it as long as it runs.
-func LockTx(ctx context.Context, tx pgx.Tx, id string, seq int64) (*Info, error) {
-	i, err := scanInfo(tx.QueryRow(ctx, lockInfoSQL, id))
+// LockTx locks workflow id's row in tx for step job jobID at seq and returns
+// it, or nil when the job may no longer advance it: the workflow is gone
+// (pruned), or its seq is no longer seq and the job is not the one that runs
+// it (another step committed, or a cancel). The lock is FOR NO KEY UPDATE: it
+// excludes every other transaction that moves the instance, and no signal
+// (see SignalTx): a step may hold it as long as it runs.
+//
+// A job that ran several steps in a row (inline: see the package doc) stays
+// the instance's job (its job_id) while its seq moves on; an attempt of that
+// job after a crash resumes at the instance's seq, the first step not
+// committed.
+func LockTx(ctx context.Context, tx pgx.Tx, id string, seq, jobID int64) (*Info, error) {
+	return Locked(tx.QueryRow(ctx, LockSQL, id), id, seq, jobID)
+}
+
+// LockSQL is LockTx's statement ($1 the workflow id), for a caller that sends
+// it in a batch with other statements; Locked reads its row.
+const LockSQL = lockInfoSQL
+
+// Locked is LockTx's answer from row, the result of LockSQL.
+func Locked(row pgx.Row, id string, seq, jobID int64) (*Info, error) {
+	i, err := scanInfo(row)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, pg.Translate(fmt.Errorf("error locking workflow %s: %w", id, err))
 	}
-	if i.Seq != seq {
-		return nil, nil
+	if i.Seq == seq || (i.Seq > seq && jobID != 0 && i.JobID != nil && *i.JobID == jobID && !i.Status.Finished()) {
+		return i, nil
 	}
-	return i, nil
+	return nil, nil
 }
 
 // Event is what resumes a step execution: the step to run and what the step
@@ -138,6 +153,9 @@ type Transition struct {
 	Queue       string
 	RunAt       time.Time
 	MaxAttempts int
+	// KeepJob, without Job, keeps this running job as the instance's job: the
+	// same job execution runs the next step at once (inline).
+	KeepJob int64
 	// Outcome, when set, writes a history row for the step execution that
 	// ends: what it led to, to NextStep, with the job's attempt, id and lease
 	// epoch, started at StartedAt and committed at CommittedAt (both on
@@ -363,8 +381,12 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, i *Info, t Transition) (int64, er
 	// locking the parent, in a statement of its own so that it sees the
 	// parent's committed wait).
 	b := &pgx.Batch{}
+	var keep any
+	if t.KeepJob != 0 && !t.Job {
+		keep = t.KeepJob
+	}
 	b.Queue(jobs.AdvanceWorkflowSQL, i.ID, i.Seq, string(t.Status), t.Step, state, result, errText, wait,
-		t.WakeAt, t.Job, t.Queue, t.RunAt, jobState, maxAttempts, tracing.CauseOrNil(ctx))
+		t.WakeAt, t.Job, t.Queue, t.RunAt, jobState, maxAttempts, tracing.CauseOrNil(ctx), keep)
 	if t.Outcome != "" {
 		var started, committed any
 		if !t.StartedAt.IsZero() {
@@ -401,6 +423,14 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, i *Info, t Transition) (int64, er
 	}
 	if err != nil {
 		return 0, pg.Translate(fmt.Errorf("error advancing workflow %s: %w", i.ID, err))
+	}
+	// Wake this process's worker of the next job's shard once tx commits: a
+	// job due now, or a signal wait that the COMMIT's barrier may make due.
+	if t.Job && (jobState == "available" || (t.Wait != nil && t.Wait.Signal != "")) {
+		jobs.WakeAfterCommit(tx, i.ID)
+	}
+	if t.Status.Finished() && i.ParentID != "" {
+		jobs.WakeAfterCommit(tx, i.ParentID)
 	}
 	if len(t.Children) > 0 {
 		specs := make([]startSpec, len(t.Children))

@@ -219,6 +219,9 @@ func startManyTx(ctx context.Context, tx pgx.Tx, specs []startSpec, parent strin
 	if err != nil {
 		return pg.Translate(fmt.Errorf("error starting workflows: %w", err))
 	}
+	for _, id := range inserted {
+		jobs.WakeAfterCommit(tx, id)
+	}
 	if len(inserted) == len(specs) {
 		return nil
 	}
@@ -410,9 +413,12 @@ func SignalTx(ctx context.Context, tx pgx.Tx, id, name string, payload any, opts
 		_ = res.Close()
 		return SignalResult{}, pg.Translate(fmt.Errorf("error signalling workflow %s: %w", id, err))
 	}
-	_, werr := res.Exec()
+	woke, werr := res.Exec()
 	if err := res.Close(); err != nil && werr == nil {
 		werr = err
+	}
+	if werr == nil && woke.RowsAffected() > 0 {
+		jobs.WakeAfterCommit(tx, id)
 	}
 	switch {
 	case !known:

@@ -39,13 +39,24 @@ type Options struct {
 	// and waiting workflows whose deadline has come on compute_now()
 	// (default 1 s).
 	WakeEvery time.Duration
+	// InlineSteps and InlineFor are the budget of one step job: when a step
+	// commits a move to another step at once (Goto, or an OnError step), the
+	// same job execution runs that step, in a fenced transaction of its own,
+	// while it has run fewer than InlineSteps steps (default 100) for less
+	// than InlineFor (default 1 s) and its shard lease holds; past the budget,
+	// or at a sleep, a wait, children or the finish, the next step gets a job
+	// of its own as before. InlineSteps 1 gives every step its own job.
+	InlineSteps int
+	InlineFor   time.Duration
 }
 
 // Defaults of Options.
 const (
-	DefaultRetention  = 7 * 24 * time.Hour
-	DefaultPruneEvery = 10 * time.Minute
-	DefaultWakeEvery  = time.Second
+	DefaultRetention   = 7 * 24 * time.Hour
+	DefaultPruneEvery  = 10 * time.Minute
+	DefaultWakeEvery   = time.Second
+	DefaultInlineSteps = 100
+	DefaultInlineFor   = time.Second
 )
 
 // part is a registry's workflow machinery: its definitions and options.
@@ -64,6 +75,7 @@ type part struct {
 func newPart() *part {
 	return &part{defs: map[string]workflow.Definition{}, meta: map[string]workflow.Meta{}, opts: Options{
 		Retention: DefaultRetention, PruneEvery: DefaultPruneEvery, WakeEvery: DefaultWakeEvery,
+		InlineSteps: DefaultInlineSteps, InlineFor: DefaultInlineFor,
 	}}
 }
 
@@ -102,10 +114,13 @@ func Register(r *workers.Registry, opts *Options) error {
 }
 
 // Configure sets the options of r's workflow machinery (zero fields keep their
-// defaults). It returns INVALID_CONFIG for a negative duration.
+// defaults). It returns INVALID_CONFIG for a negative duration or step count.
 func Configure(r *workers.Registry, o Options) error {
-	if o.Retention < 0 || o.PruneEvery < 0 || o.WakeEvery < 0 {
+	if o.Retention < 0 || o.PruneEvery < 0 || o.WakeEvery < 0 || o.InlineFor < 0 {
 		return fault.New(fault.InvalidConfig, "workflowworker.Configure: a negative duration")
+	}
+	if o.InlineSteps < 0 {
+		return fault.New(fault.InvalidConfig, "workflowworker.Configure: InlineSteps %d is negative (1 runs every step in a job of its own)", o.InlineSteps)
 	}
 	p, err := workers.Use(r, newPart)
 	if err != nil {
@@ -122,7 +137,20 @@ func Configure(r *workers.Registry, o Options) error {
 	if o.WakeEvery > 0 {
 		p.opts.WakeEvery = o.WakeEvery
 	}
+	if o.InlineSteps > 0 {
+		p.opts.InlineSteps = o.InlineSteps
+	}
+	if o.InlineFor > 0 {
+		p.opts.InlineFor = o.InlineFor
+	}
 	return nil
+}
+
+// options are the options in force.
+func (p *part) options() Options {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.opts
 }
 
 // Add registers the workflow definition d (a *workflow.Workflow[In, S, Out])
