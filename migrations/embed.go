@@ -22,6 +22,16 @@ var FS embed.FS
 //go:embed demo/*.sql demo_backfill/*.sql demo_domain/*.sql demo_outbox/*.sql demo_workflow/*.sql
 var Demo embed.FS
 
+// Renamed maps the ledger name a migration landed under to the name it has
+// now, for a migration that had to be renumbered after it landed:
+// capacity/0007_overlap_index_out_of_reach landed while 0007_book_groups, which
+// had landed before it, was out of the tree; with 0007_book_groups back, it is
+// 0008. Its first file stays as it landed, and is not applied: a database
+// whose ledger holds the old name holds the new one (platform/migrate).
+var Renamed = map[string]string{
+	"capacity/0007_overlap_index_out_of_reach": "capacity/0008_overlap_index_out_of_reach",
+}
+
 // Owners lists the built-in owners in the order their migrations run. River's
 // own schema (owner river) runs after core; platform/migrate inserts it. jobs
 // (what Better Compute adds to River's tables) comes right after River. The demo

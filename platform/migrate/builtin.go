@@ -65,6 +65,13 @@ func Builtin(app ...Group) (*Set, error) {
 		if err != nil {
 			return nil, err
 		}
+		for from, to := range migrations.Renamed {
+			if strings.HasPrefix(from, owner+"/") {
+				if ms, err = Rename(ms, from, to); err != nil {
+					return nil, err
+				}
+			}
+		}
 		groups = append(groups, Group{Owner: owner, Migrations: ms})
 		if i == 0 {
 			rg, err := River()

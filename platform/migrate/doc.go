@@ -28,7 +28,10 @@
 //     or removed;
 //   - a base schema version above this build's.
 //
-// Ledger entries of owners this build has no migrations for are ignored.
+// Ledger entries of owners this build has no migrations for are ignored. A
+// name a migration landed under before it was renumbered (Migration.Formerly,
+// migrations.Renamed) is known: it stands for that migration, which is not
+// applied again.
 //
 // # Loading
 //

@@ -37,6 +37,43 @@ type Migration struct {
 	SQL    string
 	// Apply, when set, runs instead of SQL, inside the migration's transaction.
 	Apply func(ctx context.Context, tx pgx.Tx) error
+	// Formerly are ledger names this migration landed under before it was
+	// renumbered (Rename): a ledger holding one of them holds this migration.
+	Formerly []string
+}
+
+// names are m's ledger names: Name, then Formerly.
+func (m Migration) names() []string { return append([]string{m.Name()}, m.Formerly...) }
+
+// Rename records that the migration now named to (owner/nnnn_slug) landed
+// first as from, whose file, kept as it landed, is in ms too: from is dropped
+// from ms and becomes one of to's Formerly names. It returns INVALID_CONFIG
+// when either is missing from ms, or when their statements (the SQL without
+// its comments) differ: a renamed migration must be the one that ran.
+func Rename(ms []Migration, from, to string) ([]Migration, error) {
+	fi := slices.IndexFunc(ms, func(m Migration) bool { return m.Name() == from })
+	ti := slices.IndexFunc(ms, func(m Migration) bool { return m.Name() == to })
+	if fi < 0 || ti < 0 {
+		return nil, fault.New(fault.InvalidConfig, "migration %s renamed to %s: both files must be in the set", from, to)
+	}
+	if statements(ms[fi].SQL) != statements(ms[ti].SQL) {
+		return nil, fault.New(fault.InvalidConfig, "migration %s renamed to %s: their statements differ", from, to)
+	}
+	out := slices.Clone(ms)
+	out[ti].Formerly = append(slices.Clone(out[ti].Formerly), from)
+	return slices.Delete(out, fi, fi+1), nil
+}
+
+// statements is sql without its comment lines and blank lines.
+func statements(sql string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(sql, "\n") {
+		if t := strings.TrimSpace(line); t != "" && !strings.HasPrefix(t, "--") {
+			b.WriteString(t)
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
 }
 
 // Name is the ledger name, owner/nnnn_slug.
@@ -197,7 +234,7 @@ func (s *Set) Check(ctx context.Context, db pg.DBTX) (*Status, error) {
 		applied[n] = true
 	}
 	for _, m := range s.Migrations() {
-		if applied[m.Name()] {
+		if slices.ContainsFunc(m.names(), func(n string) bool { return applied[n] }) {
 			st.Applied = append(st.Applied, m.Name())
 		} else {
 			st.Pending = append(st.Pending, m.Name())
@@ -212,7 +249,9 @@ func (s *Set) refusals(ledger []string, schemaVersion int) []string {
 	for _, g := range s.groups {
 		known[g.Owner] = map[string]bool{}
 		for _, m := range g.Migrations {
-			known[g.Owner][m.Name()] = true
+			for _, n := range m.names() {
+				known[g.Owner][n] = true
+			}
 		}
 		last[g.Owner] = len(g.Migrations)
 	}
@@ -293,7 +332,7 @@ func (s *Set) Apply(ctx context.Context, db *pg.Pool, log Logger) (*Result, erro
 				return fmt.Errorf("error taking the migration lock: %w", err)
 			}
 			var done bool
-			if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM compute_migrations WHERE name = $1)", m.Name()).Scan(&done); err != nil {
+			if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM compute_migrations WHERE name = ANY($1))", m.names()).Scan(&done); err != nil {
 				return err
 			}
 			if done { // another migrator applied it while we waited for the lock
