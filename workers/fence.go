@@ -38,13 +38,30 @@ func InTx[T river.JobArgs](ctx context.Context, job *river.Job[T], fn func(ctx c
 		// A programming error, not a lost lease: snoozing would loop for ever.
 		return fault.New(fault.Internal, "workers.InTx: job %d is in queue %s, not a shard queue (insert it with jobs.ShardQueue, or fence it with InTxLease)", job.ID, job.Queue)
 	}
+	l, err := rt.jobLease(ctx, job.JobRow)
+	if err != nil {
+		return err
+	}
+	return InTxLease(ctx, job, l, fn)
+}
+
+// jobLease is the lease of job's shard queue that this process holds, or
+// FENCED (reported) when it holds none.
+func (rt *Runtime) jobLease(ctx context.Context, job *rivertype.JobRow) (lease.Lease, error) {
 	l, ok := rt.leaseForQueue(job.Queue)
 	if !ok {
 		err := fault.New(fault.Fenced, "job %d: this process holds no lease for queue %s", job.ID, job.Queue)
 		rt.fenced(ctx, job.Queue, 0, err)
-		return err
+		return lease.Lease{}, err
 	}
-	return InTxLease(ctx, job, l, fn)
+	return l, nil
+}
+
+// holds reports whether this process still holds l, at l's epoch, as far as
+// its keeper knows.
+func (rt *Runtime) holds(l lease.Lease) bool {
+	cur, ok := rt.keeper.Held(l.Name)
+	return ok && cur.Epoch == l.Epoch
 }
 
 // Fence is the fence of a job's transaction: the shard lease it runs under
@@ -65,8 +82,8 @@ func (f Fence) Args() []any {
 func (f Fence) Check(got int, err error) error { return fenceResult(got, err, f.Lease, f.Job) }
 
 // FencedTx is InTx for a worker that does several units of work in one job,
-// each in a transaction of its own: fn runs the fence itself, first (Fence:
-// jobs.FenceSQL with Args, in its first round trip, checked by Check), and
+// each in a transaction of its own: fn runs the fence itself, first (FenceTx,
+// or jobs.FenceSQL with Args in a batch, checked by Check), and
 // completes the job in the transaction that ends the job's work
 // (jobs.CompleteJobSQL); a transaction that does not complete it leaves it
 // running, for the next one. A FENCED error is reported as InTx reports it.
@@ -75,14 +92,12 @@ func FencedTx[T river.JobArgs](ctx context.Context, job *river.Job[T], fn func(c
 	if rt == nil {
 		return fault.New(fault.Internal, "workers.FencedTx: no Runtime in the job's context")
 	}
-	l, ok := rt.leaseForQueue(job.Queue)
-	if !ok {
-		err := fault.New(fault.Fenced, "job %d: this process holds no lease for queue %s", job.ID, job.Queue)
-		rt.fenced(ctx, job.Queue, 0, err)
+	l, err := rt.jobLease(ctx, job.JobRow)
+	if err != nil {
 		return err
 	}
 	f := Fence{Lease: l, Job: job.JobRow}
-	err := inTxRetrying(ctx, rt, job.JobRow, l, func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx, f) })
+	err = inTxRetrying(ctx, rt, job.JobRow, l, func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx, f) })
 	if fault.Has(err, fault.Fenced) {
 		rt.fenced(ctx, job.Queue, l.Epoch, err)
 	}
@@ -93,11 +108,7 @@ func FencedTx[T river.JobArgs](ctx context.Context, job *river.Job[T], fn func(c
 // knows without the database (the fence of the next transaction decides).
 func (f Fence) Holds(ctx context.Context) bool {
 	rt := runtimeFrom(ctx)
-	if rt == nil {
-		return false
-	}
-	cur, ok := rt.keeper.Held(f.Lease.Name)
-	return ok && cur.Epoch == f.Lease.Epoch
+	return rt != nil && rt.holds(f.Lease)
 }
 
 // InTxLease is InTx fenced by an explicit lease instead of the job's shard lease
@@ -137,10 +148,8 @@ func inTxRetrying(ctx context.Context, rt *Runtime, job *rivertype.JobRow, l lea
 		if err == nil || !pg.Disconnected(err) || ctx.Err() != nil {
 			return err
 		}
-		if strings.HasPrefix(l.Name, "shard/") {
-			if cur, ok := rt.keeper.Held(l.Name); !ok || cur.Epoch != l.Epoch {
-				return err // the lease is gone: the middleware gives the job back
-			}
+		if strings.HasPrefix(l.Name, "shard/") && !rt.holds(l) {
+			return err // the lease is gone: the middleware gives the job back
 		}
 		if tries == 1 {
 			rt.log.Info().Err(err).Int64("job_id", job.ID).Str("queue", job.Queue).

@@ -49,10 +49,17 @@ func Locked(row pgx.Row, id string, seq, jobID int64) (*Info, error) {
 	if err != nil {
 		return nil, pg.Translate(fmt.Errorf("error locking workflow %s: %w", id, err))
 	}
-	if i.Seq == seq || (i.Seq > seq && jobID != 0 && i.JobID != nil && *i.JobID == jobID && !i.Status.Finished()) {
+	if i.AdvancedBy(seq, jobID) {
 		return i, nil
 	}
 	return nil, nil
+}
+
+// AdvancedBy reports whether step job jobID, created for seq, may advance i:
+// i is at seq, or, moved on by that job's own inline steps, still run by it
+// (the job then resumes at i's seq). jobID 0 asks for seq exactly.
+func (i *Info) AdvancedBy(seq, jobID int64) bool {
+	return i.Seq == seq || (i.Seq > seq && jobID != 0 && i.JobID != nil && *i.JobID == jobID && !i.Status.Finished())
 }
 
 // Event is what resumes a step execution: the step to run and what the step

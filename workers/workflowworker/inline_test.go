@@ -187,14 +187,13 @@ func orderedJobSteps(t *testing.T, db *pgtest.DB, id string) [][]string {
 	return out
 }
 
-// TestALeaseLostDuringAnInlineRunFencesTheNextStep: another owner takes the
-// shard's lease while step s2 of an inline run commits (the takeover waits
-// for s2's transaction, whose fence holds the lease FOR KEY SHARE, and for
-// any step after it that fenced first). Once the takeover has committed, no
-// step commits while the other owner holds the lease (the next one's fence
-// fails, or the run stops at the lease); once the lease comes back the
-// workflow resumes at the first step not committed, and every step commits
-// once.
+// TestALeaseLostDuringAnInlineRunFencesTheNextStep: in the middle of an
+// inline run the shard's lease expires while step s2 runs, and another owner
+// takes it (the takeover waits for s2's transaction, whose fence holds the
+// lease FOR KEY SHARE). No step after s2 commits while the other owner holds
+// the lease (the next one's fence fails, or the run stops at the lease); once
+// the lease comes back the workflow resumes at the first step not committed,
+// and every step commits once.
 func TestALeaseLostDuringAnInlineRunFencesTheNextStep(t *testing.T) {
 	t.Parallel()
 	var db *pgtest.DB
@@ -207,10 +206,16 @@ func TestALeaseLostDuringAnInlineRunFencesTheNextStep(t *testing.T) {
 		if c.Attempt != 1 || len(stolen) > 0 {
 			return nil
 		}
+		const shard = `(SELECT 'shard/' || substr(queue, length('shard_') + 1) FROM river_job WHERE args->>'workflow_id' = 'c-1' LIMIT 1)`
+		// The lease expires now (a change no fence waits for), so the next
+		// step's fence fails whatever the timing; the takeover then waits for
+		// s2's transaction and holds the lease for 2 s.
+		if _, err := db.Exec(ctx, `UPDATE compute_leases SET expires_at = compute_now() - interval '1 second' WHERE name = `+shard); err != nil {
+			return err
+		}
 		go func() {
 			_, err := db.Exec(context.Background(), `UPDATE compute_leases SET owner = 'thief#1', epoch = epoch + 1,
-				expires_at = compute_now() + interval '2 seconds'
-				WHERE name = (SELECT 'shard/' || substr(queue, length('shard_') + 1) FROM river_job WHERE args->>'workflow_id' = 'c-1' LIMIT 1)`)
+				expires_at = compute_now() + interval '2 seconds' WHERE name = `+shard)
 			stolen <- err
 		}()
 		return nil

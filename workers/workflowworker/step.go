@@ -45,14 +45,12 @@ func (w *stepWorker) retryOf(kind, step string) workflow.Retry {
 // exec is one job execution: the step its job names, then, inline, each
 // step a commit moves the workflow to while the budget lasts (see Options).
 type exec struct {
-	w   *stepWorker
-	rt  *workers.Runtime
-	job *river.Job[jobs.WorkflowStep]
-	l   lease.Lease
-	def workflow.Definition
-	// meta is the definition's Meta; defined says def and meta are set.
-	meta    workflow.Meta
-	defined bool
+	w    *stepWorker
+	rt   *workers.Runtime
+	job  *river.Job[jobs.WorkflowStep]
+	l    lease.Lease
+	def  workflow.Definition // nil until the kind is known to this worker
+	meta workflow.Meta       // def's
 	// seq and step are what this execution runs now: the job's, then each
 	// inline step's; n is how many steps it committed so far.
 	seq  int64
@@ -96,7 +94,7 @@ func (w *stepWorker) Work(ctx context.Context, job *river.Job[jobs.WorkflowStep]
 	}
 	e := &exec{w: w, rt: rt, job: job, l: l, seq: job.Args.Seq, step: job.Args.Step, began: time.Now()}
 	if d, m := w.p.def(job.Args.Workflow); d != nil {
-		e.def, e.meta, e.defined = d, m, true
+		e.def, e.meta = d, m
 	}
 	// The first step's span is caused by what inserted the job (the start's
 	// request, or the step before it); each inline step's span is a child of
@@ -134,7 +132,7 @@ func (e *exec) once(ctx, parent context.Context, causes []string) (_ context.Con
 
 // run1 runs the current step.
 func (e *exec) run1(ctx context.Context) error {
-	if e.defined {
+	if e.def != nil {
 		if step, ok := e.meta.Step(e.step); ok && !step.External {
 			// A transactional step needs no read before its transaction: it
 			// locks, decides and checks the seq there (and takes the external
@@ -159,8 +157,7 @@ func (e *exec) run1(ctx context.Context) error {
 		return e.noop(ctx, "the workflow is "+string(inst.Status))
 	}
 	e.def, e.meta = e.w.p.def(inst.Kind)
-	e.defined = e.def != nil
-	if !e.defined {
+	if e.def == nil {
 		return e.fail(ctx, inst.Step, "", fmt.Sprintf("this worker does not define workflow kind %s", inst.Kind), nil)
 	}
 	ev, err := workflow.Decide(ctx, e.rt.Pool(), inst)
@@ -185,14 +182,11 @@ func (e *exec) run1(ctx context.Context) error {
 // is at its seq, or, moved on by this job's own inline steps before a crash,
 // still run by this job (the execution then resumes at inst's seq).
 func (e *exec) runs(inst *workflow.Info) bool {
-	if inst.Seq == e.seq {
-		return true
+	if !inst.AdvancedBy(e.seq, e.job.ID) {
+		return false
 	}
-	if inst.Seq > e.seq && inst.JobID != nil && *inst.JobID == e.job.ID && !inst.Status.Finished() {
-		e.seq, e.step = inst.Seq, inst.Step
-		return true
-	}
-	return false
+	e.seq, e.step = inst.Seq, inst.Step
+	return true
 }
 
 // attempt is the attempt of the current step: the job's for the step it
@@ -238,13 +232,6 @@ func (e *exec) lock(ctx context.Context, tx pgx.Tx, f workers.Fence) (*workflow.
 	return inst, nil
 }
 
-// fence runs f alone, as the first statement of tx.
-func fence(ctx context.Context, tx pgx.Tx, f workers.Fence) error {
-	var got int
-	err := tx.QueryRow(ctx, jobs.FenceSQL, f.Args()...).Scan(&got)
-	return f.Check(got, err)
-}
-
 // complete completes the job in tx, whose fence holds its row.
 func (e *exec) complete(ctx context.Context, tx pgx.Tx) error {
 	var id int64
@@ -285,9 +272,12 @@ func (e *exec) finish(ctx context.Context, tx pgx.Tx) error {
 // route decides, before t commits, where the step t moves to runs: inline,
 // in this execution (the instance keeps this job, which stays running), when
 // t goes at once to a step this process may run and the budget lasts; else
-// in a job of its own, or nowhere, and this job completes in t's round trip.
+// in a job of its own, or nowhere, and this job completes in t's transaction,
+// after t (finish).
 func (e *exec) route(ctx context.Context, f workers.Fence, t *workflow.Transition) {
-	e.ran = append(e.ran, ranStep{Seq: e.seq, Step: e.step})
+	// e.ran holds the e.n steps committed; a transaction retried after a lost
+	// connection routes its step again.
+	e.ran = append(e.ran[:min(len(e.ran), e.n)], ranStep{Seq: e.seq, Step: e.step})
 	e.completes = false
 	o := e.w.p.options()
 	inline := t.Job && (t.Status == workflow.Running || t.Status == workflow.Cancelling) &&
@@ -367,7 +357,6 @@ func (e *exec) transactional(ctx context.Context, step workflow.StepMeta) error 
 		newSeq  int64
 	)
 	err := workers.FencedTx(ctx, e.job, func(ctx context.Context, tx pgx.Tx, f workers.Fence) error {
-		e.ran = e.ran[:min(len(e.ran), e.n)] // a retried transaction's route is undone
 		inst, err := e.lock(ctx, tx, f)
 		if err != nil {
 			return err
@@ -466,7 +455,6 @@ func (e *exec) external(ctx context.Context, inst *workflow.Info, ev workflow.Ev
 		newSeq int64
 	)
 	err = workers.FencedTx(ctx, e.job, func(ctx context.Context, tx pgx.Tx, f workers.Fence) error {
-		e.ran = e.ran[:min(len(e.ran), e.n)]
 		locked, err := e.lock(ctx, tx, f)
 		if err != nil {
 			return err
@@ -581,7 +569,7 @@ func (e *exec) handOver(ctx context.Context, step string, cause error) error {
 	now := time.Now()
 	msg := fault.CleanText(e.rt.Redact(cause).Error())
 	err := workers.FencedTx(ctx, e.job, func(ctx context.Context, tx pgx.Tx, f workers.Fence) error {
-		if err := fence(ctx, tx, f); err != nil {
+		if err := workers.FenceTx(ctx, tx, f.Lease, f.Job); err != nil {
 			return err
 		}
 		var id int64
@@ -611,7 +599,6 @@ func (e *exec) fail(ctx context.Context, step, onError, msg string, cause error)
 		moved  bool
 	)
 	err := workers.FencedTx(ctx, e.job, func(ctx context.Context, tx pgx.Tx, f workers.Fence) error {
-		e.ran = e.ran[:min(len(e.ran), e.n)]
 		inst, err := e.lock(ctx, tx, f)
 		if err != nil {
 			return err
@@ -688,7 +675,7 @@ func (e *exec) retryOf(step string) workflow.Retry { return e.w.retryOf(e.job.Ar
 // noop completes a job that may no longer advance its workflow.
 func (e *exec) noop(ctx context.Context, why string) error {
 	err := workers.FencedTx(ctx, e.job, func(ctx context.Context, tx pgx.Tx, f workers.Fence) error {
-		if err := fence(ctx, tx, f); err != nil {
+		if err := workers.FenceTx(ctx, tx, f.Lease, f.Job); err != nil {
 			return err
 		}
 		return e.complete(ctx, tx)
