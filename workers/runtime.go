@@ -300,13 +300,15 @@ func (rt *Runtime) run(names []string) error {
 		return fault.Wrap(fault.Unavailable, err, "cannot start River")
 	}
 	go rt.queueLoop()
-	stopWakes := jobs.OnWake(rt.wakeKey)
-	context.AfterFunc(rt.runCtx, stopWakes)
 	if len(rt.o.Registry.order) > 0 {
 		rt.claimWG.Add(1)
 		go rt.scoutLoop()
 	}
 	rt.keeper = rt.newKeeper()
+	// Registered once the keeper is set: OnWake's lock orders this write
+	// before the hook's read of rt.keeper from another goroutine's commit.
+	stopWakes := jobs.OnWake(rt.wakeKey)
+	context.AfterFunc(rt.runCtx, stopWakes)
 	go rt.inc.Run(rt.runCtx, lease.Hooks{
 		Superseded: rt.halt,
 		Failed:     func(err error) { rt.log.Debug().Err(err).Msg("heartbeat failed; retrying") },

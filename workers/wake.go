@@ -62,11 +62,20 @@ func (p *wakePilot) wake(ctx context.Context, queue string) {
 	}
 }
 
-// wakeKey wakes the producer of key's shard queue when this process holds
-// its lease (jobs.OnWake).
+// wakeKey wakes the producer of key's shard queue when this process works
+// that queue (jobs.OnWake).
 func (rt *Runtime) wakeKey(key string) {
-	queue := jobs.ShardQueue(jobs.ShardOf(key, rt.shardCount))
-	if _, ok := rt.leaseForQueue(queue); ok && rt.driver != nil {
+	rt.wakeQueue(jobs.ShardQueue(jobs.ShardOf(key, rt.shardCount)))
+}
+
+// wakeQueue makes the producer of queue fetch now, if this process works
+// the queue. Only once River's Queues().Add has returned (rt.active): a
+// producer's fetch trigger is not safe to call while the producer starts.
+func (rt *Runtime) wakeQueue(queue string) {
+	rt.mu.Lock()
+	active := rt.active[queue]
+	rt.mu.Unlock()
+	if active && rt.driver != nil {
 		rt.driver.pilot.wake(rt.runCtx, queue)
 	}
 }
