@@ -187,12 +187,19 @@ var ClaimDirtySQL = fmt.Sprintf(`SELECT job_id, kind, key, gen
 FROM compute_claim_dirty($1, $2, $3, $4, $5::text[], $6::int[], $7, $8, $9, '%s', %d, %d)`,
 	ReconcileBatchKind, river.MaxAttemptsDefault, river.PriorityDefault)
 
-// DueShardsSQL returns which of shards $1 have a due, waiting dirty key of the
-// reconciler kinds $2: one index probe per shard, so an idle process asks once
-// a poll interval for all its shards instead of claiming in each.
-const DueShardsSQL = `SELECT s FROM unnest($1::int[]) AS s
-WHERE EXISTS (SELECT 1 FROM compute_dirty d
-              WHERE d.shard = s AND d.job_id IS NULL AND d.not_before <= compute_now() AND d.kind = ANY($2::text[]))`
+// DueWorkSQL returns, of shards $1 (their queues $2, aligned), those with
+// work due: whether a waiting dirty key of the reconciler kinds $3 is due,
+// and whether a job is available in the queue by compute_now(). One index
+// probe or two per shard, in one statement, so an idle process asks once a
+// poll interval for all its shards instead of polling each queue.
+const DueWorkSQL = `SELECT s, d, j FROM (
+    SELECT w.s,
+           EXISTS (SELECT 1 FROM compute_dirty d
+                   WHERE d.shard = w.s AND d.job_id IS NULL AND d.not_before <= compute_now() AND d.kind = ANY($3::text[])) AS d,
+           EXISTS (SELECT 1 FROM river_job j
+                   WHERE j.state = 'available' AND j.queue = w.q AND j.scheduled_at <= compute_now()) AS j
+    FROM unnest($1::int[], $2::text[]) AS w(s, q)) due
+WHERE d OR j`
 
 // ReadClaimedSQL reads the dirty rows that point at job $2, of reconciler $1,
 // in key order, optionally only key $3 ("" for all): key, gen, when it was
@@ -211,8 +218,28 @@ WHERE kind = $1 AND job_id = $2 AND ($3 = '' OR key = $3) ORDER BY key`
 // the job, unless a row stopped pointing at the job.
 const FinishBatchSQL = `SELECT compute_finish_batch($1, $2, $3::text[], $4::bigint[], $5::int, $6)`
 
+// TakeDirtySQL takes, inside the transaction of a batch, for the holder of
+// shard $1's lease ($2 name, $3 owner, $4 epoch; held FOR KEY SHARE until the
+// transaction ends, so a takeover waits for it), the due, waiting keys of one
+// reconciler: the kind of the oldest due key of kinds $5 (batch sizes $6,
+// aligned), up to its batch size, oldest first, none of the keys the holder
+// has in flight ($7 kinds, $8 keys, aligned). It returns kind, key, gen,
+// when the key was first dirtied, its causes, and how many of them the
+// finish clears (FinishTakenSQL); one row of NULLs when the lease is not
+// held. The function compute_take_dirty (migrations/core/0011_take_dirty.sql).
+const TakeDirtySQL = `SELECT kind, key, gen, dirtied_at, causes, links
+FROM compute_take_dirty($1, $2, $3, $4, $5::text[], $6::int[], $7::text[], $8::text[])`
+
+// FinishTakenSQL ends a batch that took keys $2 of reconciler $1
+// (TakeDirtySQL): it deletes the rows whose gen is still the one read ($3,
+// aligned), and keeps waiting the others (dirtied during the run), without
+// the $4 causes it read (aligned). It returns how many rows it deleted or
+// kept: len($2) unless a row stopped waiting. The function
+// compute_finish_taken (migrations/core/0011_take_dirty.sql).
+const FinishTakenSQL = `SELECT compute_finish_taken($1, $2::text[], $3::bigint[], $4::int[])`
+
 // FailKeySQL gives key $3 of reconciler $2, whose reconcile failed on its own in
-// batch job $1, a River job of its own (kind ReconcileKind, args $5) in queue $4,
+// batch job $1 (NULL for a batch that took its keys, TakeDirtySQL), a River job of its own (kind ReconcileKind, args $5) in queue $4,
 // retryable at $7 with its first attempt's error $6 (attempted by $9 at $8), and
 // points the key's row at it, not before compute_now() + $10 s (a dirty due
 // sooner takes the key back). It does nothing if the row is no longer the
@@ -225,7 +252,7 @@ WITH j AS (
            1, $8::timestamptz, ARRAY[$9::text],
            ARRAY[jsonb_build_object('at', $8::timestamptz, 'attempt', 1, 'error', $6::text, 'trace', '')],
            ARRAY[$2::text]::varchar(255)[], '{}'
-    FROM compute_dirty WHERE kind = $2 AND key = $3 AND job_id = $1
+    FROM compute_dirty WHERE kind = $2 AND key = $3 AND job_id IS NOT DISTINCT FROM $1::bigint
     RETURNING id
 )
 UPDATE compute_dirty d SET job_id = j.id, not_before = compute_now() + make_interval(secs => $10::float8)

@@ -21,16 +21,30 @@ import (
 
 // How reconciles run (see jobs.DirtyTx for how keys are marked):
 //
-//	dirty row, job_id NULL ──the shard holder's claim──▶ claimed by a reconcile_batch job (running)
-//	claimed ──batch commits, gen unchanged──▶ no row
-//	claimed ──batch commits, gen moved (dirtied during the run)──▶ waiting again (job_id NULL)
-//	claimed ──a key fails alone──▶ its own reconcile job, retryable (River's backoff)
-//	claimed ──holder dies or loses the lease──▶ the job is handed back; River works it
+//	dirty row, job_id NULL ──the shard holder's batch takes it, in its transaction──▶ taken (no River job)
+//	taken ──batch commits, gen unchanged──▶ no row
+//	taken ──batch commits, gen moved (dirtied during the run)──▶ waiting again (job_id NULL)
+//	taken ──batch rolls back (a crash, a lost lease, a lost connection)──▶ waiting, as it was
+//	taken ──a key fails alone──▶ its own reconcile job, retryable (River's backoff)
 //	own job ──succeeds──▶ no row (or waiting again) | ──fails──▶ River retries it
 //
-// Every run is one transaction fenced by the shard lease and by its job's
-// attempt, and touches only the rows that point at its job: a key has one live
-// job at a time, so two reconciles of a key never both commit.
+// A batch is one transaction, fenced by the shard lease from the statement
+// that takes its keys (jobs.TakeDirtySQL) to its commit: it takes the due
+// keys of one reconciler, reconciles them, and deletes their rows at the gen it
+// read (jobs.FinishTakenSQL). It writes no River job, so a batch costs one
+// transaction. The rows are read, not locked: a writer that dirties a key
+// during its reconcile never waits for it; the gen it bumps keeps the row, and
+// the key runs again. Two batches of this process never take one key (the
+// keys in flight are skipped); a takeover waits for a batch's lease lock, so a
+// stale holder commits nothing after it.
+//
+// A batch job claimed by an older binary (jobs.ClaimDirtySQL, kind
+// ReconcileBatchKind) is worked by River as before (batchWorker): its run is
+// one fenced transaction that completes the job.
+//
+// Every run touches only the rows that are waiting (a batch) or point at its
+// job (a key's own job): a key has one live job at a time, so two reconciles
+// of a key never both commit.
 //
 // Every run is the span bettercompute.reconcile (ReconcileSpan), caused by the
 // dirties of its keys (jobs: "Trace context"): their first cause is its parent
@@ -188,6 +202,10 @@ type batchRun struct {
 	start   time.Time
 	dirtied []time.Time
 	span    trace.Span // the run's span, from the read of its rows to its commit
+	take    *taking    // a batch that takes its keys (nil: the keys of a job)
+	kind    string     // the reconciler of the keys taken
+	again   []claimedKey
+	delays  []time.Duration
 }
 
 // tx runs, in one fenced transaction, the reconciles of the keys that point at
@@ -197,6 +215,10 @@ type batchRun struct {
 // complete, completes the job. A reconcile's error is a *keyError.
 func (b *batchRun) tx(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, only string, complete bool) error {
 	err := inTxRetrying(ctx, rt, row, l, func(ctx context.Context, tx pgx.Tx) error {
+		if b.take != nil {
+			b.restart()
+			return b.runTaken(ctx, rt, tx, l, row)
+		}
 		return b.run(ctx, rt, tx, l, row, rec, only, complete)
 	})
 	if fault.Has(err, fault.Fenced) {
@@ -215,19 +237,30 @@ func (b *batchRun) tx(ctx context.Context, rt *Runtime, l lease.Lease, row *rive
 	if err == nil {
 		took := time.Since(b.start)
 		now := rt.anchor.Now()
+		kind := b.kind
+		if rec != nil {
+			kind = rec.Kind
+		}
 		for _, at := range b.dirtied {
-			rt.metrics.reconciled(rec.Kind, took, now.Sub(at))
+			rt.metrics.reconciled(kind, took, now.Sub(at))
 		}
 	}
 	return err
 }
 
-func (b *batchRun) run(ctx context.Context, rt *Runtime, tx pgx.Tx, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, only string, complete bool) error {
+// restart readies b for a transaction, ending the span of one that lost its
+// connection.
+func (b *batchRun) restart() {
 	b.start, b.dirtied = time.Now(), b.dirtied[:0]
+	b.again, b.delays = b.again[:0], b.delays[:0]
 	if b.span != nil {
 		EndSpan(b.span, errRetried) // the connection was lost: the run starts again
 		b.span = nil
 	}
+}
+
+func (b *batchRun) run(ctx context.Context, rt *Runtime, tx pgx.Tx, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, only string, complete bool) error {
+	b.restart()
 	kind := rec.Kind
 
 	// The fences and the rows, one round trip.
@@ -259,20 +292,9 @@ func (b *batchRun) run(ctx context.Context, rt *Runtime, tx pgx.Tx, l lease.Leas
 	// get its context, so what they dirty or append records it in turn).
 	ctx, b.span = reconcileSpan(ctx, rt.TracerProvider(), l, row, kind, only, claimed)
 
-	keys := make([]string, len(claimed))
-	gens := make([]int64, len(claimed))
-	var again []claimedKey
-	var delays []time.Duration
-	for i, c := range claimed {
-		res, err := reconcileOne(ctx, tx, rec, c.key)
-		if err != nil {
-			return &keyError{key: c.key, err: err}
-		}
-		keys[i], gens[i] = c.key, c.gen
-		b.dirtied = append(b.dirtied, c.dirtied)
-		if res.RequeueAfter > 0 {
-			again, delays = append(again, c), append(delays, res.RequeueAfter)
-		}
+	keys, gens, err := b.reconcileAll(ctx, tx, rec, claimed)
+	if err != nil {
+		return err
 	}
 
 	// Done: rows still at the gen read go, the others wait again (a new
@@ -297,8 +319,32 @@ func (b *batchRun) run(ctx context.Context, rt *Runtime, tx pgx.Tx, l lease.Leas
 			return fault.New(fault.Fenced, "job %d: %d of its %d keys are no longer its own", row.ID, want-n, want)
 		}
 	}
-	for i, c := range again {
-		if err := jobs.DirtyTx(ctx, tx, kind, c.key, &jobs.DirtyOpts{Delay: delays[i]}); err != nil {
+	return b.requeue(ctx, tx, kind)
+}
+
+// reconcileAll reconciles the claimed keys in tx, in order, and returns their
+// keys and gens; a reconcile's error is a *keyError.
+func (b *batchRun) reconcileAll(ctx context.Context, tx pgx.Tx, rec *Reconciler, claimed []claimedKey) (keys []string, gens []int64, err error) {
+	keys, gens = make([]string, len(claimed)), make([]int64, len(claimed))
+	for i, c := range claimed {
+		res, err := reconcileOne(ctx, tx, rec, c.key)
+		if err != nil {
+			return nil, nil, &keyError{key: c.key, err: err}
+		}
+		keys[i], gens[i] = c.key, c.gen
+		b.dirtied = append(b.dirtied, c.dirtied)
+		if res.RequeueAfter > 0 {
+			b.again, b.delays = append(b.again, c), append(b.delays, res.RequeueAfter)
+		}
+	}
+	return keys, gens, nil
+}
+
+// requeue marks dirty again, after their delay, the keys whose reconcile asked
+// to run again: after the finish, which deleted their rows.
+func (b *batchRun) requeue(ctx context.Context, tx pgx.Tx, kind string) error {
+	for i, c := range b.again {
+		if err := jobs.DirtyTx(ctx, tx, kind, c.key, &jobs.DirtyOpts{Delay: b.delays[i]}); err != nil {
 			return err
 		}
 	}
@@ -317,12 +363,12 @@ func reconcileOne(ctx context.Context, tx pgx.Tx, rec *Reconciler, key string) (
 
 // --- The shard's claim loop ---
 
-// claimLoop claims and runs batches of due dirty keys of shard while this
-// process holds its lease: up to WorkersPerShard batches at once; a claim that
-// comes back full is followed by the next at once (the drain), one that does
-// not by a wait for the scout (scoutLoop) to find the shard due again. It
-// returns when the lease is lost or the runtime stops claiming, after its
-// batches in flight ended.
+// claimLoop runs batches of due dirty keys of shard while this process holds
+// its lease: up to WorkersPerShard batches at once, each taking its keys in
+// its own transaction (takeBatch); a batch whose take comes back full is
+// followed by the next at once (the drain), one that does not by a wait for
+// the scout (scoutLoop) to find the shard due again. It returns when the lease
+// is lost or the runtime stops claiming, after its batches in flight ended.
 func (rt *Runtime) claimLoop(shard int, wake <-chan struct{}) {
 	defer rt.claimWG.Done()
 	var running sync.WaitGroup
@@ -330,9 +376,10 @@ func (rt *Runtime) claimLoop(shard int, wake <-chan struct{}) {
 		running.Wait()
 		rt.claimLoopDone(shard)
 	}()
-	kinds, sizes, limit := rt.o.Registry.claimKinds()
+	kinds, sizes, _ := rt.o.Registry.claimKinds()
 	queue := jobs.ShardQueue(shard)
 	name := ShardLease(shard)
+	flight := &inFlight{keys: map[takeKey]struct{}{}}
 	slots := make(chan struct{}, rt.o.WorkersPerShard)
 	for first := true; ; first = false {
 		if !first {
@@ -352,132 +399,18 @@ func (rt *Runtime) claimLoop(shard int, wake <-chan struct{}) {
 			case <-rt.claimStop:
 				return
 			}
-			batches, n, err := rt.claimDirty(l, shard, queue, kinds, sizes, limit)
-			if err != nil || len(batches) == 0 {
-				<-slots
-				if err != nil && rt.runCtx.Err() == nil {
-					rt.log.Warn().Err(err).Str("queue", queue).Msg("could not claim dirty keys; retrying at the next poll")
-				}
-				break
-			}
+			took := make(chan bool, 1)
+			t := &taking{shard: shard, kinds: kinds, sizes: sizes, flight: flight, took: took}
 			running.Add(1)
 			go func() {
 				defer func() { <-slots; running.Done() }()
-				for _, bt := range batches {
-					rt.workBatch(l, bt)
-				}
+				rt.takeBatch(l, queue, t)
 			}()
-			if n < limit {
+			if full := <-took; !full {
 				break
 			}
 		}
 	}
-}
-
-// scoutLoop asks, once a poll interval, which shards with a claim loop have a
-// due key (jobs.DueShardsSQL, one statement for all of them), and wakes their
-// loops: an idle process costs the database one statement a poll interval for
-// its reconcilers, not one per shard.
-func (rt *Runtime) scoutLoop() {
-	defer rt.claimWG.Done()
-	kinds, _, _ := rt.o.Registry.claimKinds()
-	t := time.NewTicker(rt.o.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-rt.claimStop:
-			return
-		case <-t.C:
-		}
-		shards := rt.claimingShards()
-		if len(shards) == 0 {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(rt.runCtx, 30*time.Second)
-		rows, err := rt.pool.Query(ctx, jobs.DueShardsSQL, shards, kinds)
-		var due []int
-		if err == nil {
-			due, err = pgx.CollectRows(rows, pgx.RowTo[int])
-		}
-		cancel()
-		if err != nil {
-			if rt.runCtx.Err() == nil {
-				rt.log.Debug().Err(err).Msg("could not look for due dirty keys; retrying at the next poll")
-			}
-			continue
-		}
-		for _, s := range due {
-			rt.wakeClaimLoop(s)
-		}
-	}
-}
-
-// claimedBatch is a batch job a claim inserted.
-type claimedBatch struct {
-	row *rivertype.JobRow
-	rec *Reconciler
-}
-
-// claimDirty claims up to limit due keys of shard (jobs.ClaimDirtySQL) and
-// returns their batch jobs and how many keys it claimed.
-func (rt *Runtime) claimDirty(l lease.Lease, shard int, queue string, kinds []string, sizes []int, limit int) ([]claimedBatch, int, error) {
-	ctx, cancel := context.WithTimeout(rt.runCtx, 30*time.Second)
-	defer cancel()
-	now := time.Now()
-	rows, err := rt.pool.Query(ctx, jobs.ClaimDirtySQL, shard, l.Name, l.Owner, l.Epoch, kinds, sizes, limit, now, queue)
-	if err != nil {
-		return nil, 0, err
-	}
-	var out []claimedBatch
-	seen := map[int64]bool{}
-	n := 0
-	var id int64
-	var kind, key string
-	var gen int64
-	_, err = pgx.ForEachRow(rows, []any{&id, &kind, &key, &gen}, func() error {
-		n++
-		if !seen[id] {
-			seen[id] = true
-			out = append(out, claimedBatch{
-				row: &rivertype.JobRow{ID: id, Attempt: 1, AttemptedAt: &now, Queue: queue, Kind: jobs.ReconcileBatchKind},
-				rec: rt.o.Registry.reconcilers[kind],
-			})
-		}
-		return nil
-	})
-	return out, n, err
-}
-
-// workBatch runs a claimed batch as River would run its job: tracked (a lost
-// lease or the end of the stop grace cancels it), within the job timeout, its
-// outcome counted. A batch that could not commit stays running under this
-// process: the next lease round hands it back (an own running job no goroutine
-// works), and River runs it.
-func (rt *Runtime) workBatch(l lease.Lease, bt claimedBatch) {
-	timeout := rt.o.JobTimeout
-	if timeout <= 0 {
-		timeout = river.JobTimeoutDefault
-	}
-	ctx, cancel := context.WithCancelCause(context.WithValue(rt.runCtx, runtimeKey{}, rt))
-	ctx, cancelTimeout := context.WithTimeout(ctx, timeout)
-	rt.track(bt.row.Queue, bt.row.ID, cancel)
-	defer func() {
-		rt.untrack(bt.row.Queue, bt.row.ID)
-		cancelTimeout()
-		cancel(nil)
-	}()
-	start := time.Now()
-	err := runBatch(ctx, rt, l, bt.row, bt.rec)
-	outcome := "completed"
-	if err != nil {
-		outcome = "failed"
-		if fault.Has(err, fault.Fenced) {
-			outcome = "fenced"
-		}
-		rt.log.Warn().Err(rt.redactErr(err)).Int64("job_id", bt.row.ID).Str("queue", bt.row.Queue).
-			Msg("reconcile batch did not commit; it is handed back to the queue")
-	}
-	rt.metrics.jobDone(jobs.ReconcileBatchKind, bt.row.Queue, outcome, time.Since(start))
 }
 
 // resyncWorker works jobs.Resync: it marks every key a reconciler lists dirty,

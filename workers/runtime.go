@@ -300,10 +300,8 @@ func (rt *Runtime) run(names []string) error {
 		return fault.Wrap(fault.Unavailable, err, "cannot start River")
 	}
 	go rt.queueLoop()
-	if len(rt.o.Registry.order) > 0 {
-		rt.claimWG.Add(1)
-		go rt.scoutLoop()
-	}
+	rt.claimWG.Add(1)
+	go rt.scoutLoop()
 	rt.keeper = rt.newKeeper()
 	// Registered once the keeper is set: OnWake's lock orders this write
 	// before the hook's read of rt.keeper from another goroutine's commit.
@@ -602,7 +600,10 @@ func (rt *Runtime) applyQueueOp(op queueOp) {
 	rt.mu.Unlock()
 	switch {
 	case op.add && !active:
-		if err := rt.client.Queues().Add(op.queue, river.QueueConfig{MaxWorkers: rt.o.WorkersPerShard}); err != nil {
+		// The producer's own poll is a backstop: the scout (scoutLoop) wakes
+		// it when its queue has a job due, one statement for every queue.
+		qc := river.QueueConfig{MaxWorkers: rt.o.WorkersPerShard, FetchPollInterval: rt.o.idleQueuePoll()}
+		if err := rt.client.Queues().Add(op.queue, qc); err != nil {
 			rt.log.Error().Err(err).Str("queue", op.queue).Msg("cannot add queue")
 			return
 		}

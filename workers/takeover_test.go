@@ -84,7 +84,7 @@ func TestProcessKill9StandbyOfAnotherIdentity(t *testing.T) {
 			change(t, db, fmt.Sprintf("item-%02d", i), int64(r))
 		}
 		workertest.WaitFor(t, 20*time.Second, "the holder is mid-reconcile", func() bool {
-			return db.MustCount(t, `SELECT count(*) FROM river_job WHERE state = 'running'`) > 0
+			return midReconcile(t, db) > 0
 		})
 		d, next := killAndWaitForTakeover(t, db, holder, func() *proc { return standby })
 		took = append(took, d)
@@ -137,7 +137,7 @@ func TestProcessSIGSTOPPastMissedBeats(t *testing.T) {
 		change(t, db, fmt.Sprintf("item-%02d", i), 1)
 	}
 	workertest.WaitFor(t, 20*time.Second, "A is mid-reconcile", func() bool {
-		return db.MustCount(t, `SELECT count(*) FROM river_job WHERE state = 'running'`) > 0
+		return midReconcile(t, db) > 0
 	})
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
 	stoppedAt := dbNow(t, db)

@@ -488,10 +488,9 @@ func keysHold(s sdktrace.ReadOnlySpan, key string) bool {
 	return false
 }
 
-// TestRefusedReconcileIsAFencedSpan: a reconcile the shard's holder claimed
-// itself (no River span around it) whose transaction is refused as stale (one
-// of its keys stopped pointing at its job during the run, as when an operator
-// cancels it) is a reconcile span with outcome FENCED and a bettercompute.fenced
+// TestRefusedReconcileIsAFencedSpan: a batch the shard's holder took itself
+// (no River span around it) whose transaction is refused as stale (one of its
+// keys stopped waiting during the run) is a reconcile span with outcome FENCED and a bettercompute.fenced
 // event, still caused by its request; the key's next reconcile completes.
 func TestRefusedReconcileIsAFencedSpan(t *testing.T) {
 	t.Parallel()
@@ -518,8 +517,9 @@ func TestRefusedReconcileIsAFencedSpan(t *testing.T) {
 	}))
 	request.End()
 	<-entered
-	// The key stops being the run's own (its rows are not locked by the run).
-	db.MustExec(t, `UPDATE compute_dirty SET job_id = NULL WHERE key = 'k'`)
+	// The key stops waiting (its row is not locked by the run): the run's
+	// finish finds it gone and commits nothing.
+	db.MustExec(t, `DELETE FROM compute_dirty WHERE key = 'k'`)
 	close(release)
 
 	var refused sdktrace.ReadOnlySpan
@@ -541,6 +541,9 @@ func TestRefusedReconcileIsAFencedSpan(t *testing.T) {
 	require.Equal(t, 1, events, "one fenced event on the refused reconcile: %v", refused.Events())
 	require.Equal(t, request.SpanContext().TraceID(), refused.SpanContext().TraceID(), "still in the request's trace")
 	require.Contains(t, links(refused), request.SpanContext().SpanID())
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		return jobs.DirtyTx(ctx, tx, "thing", "k", nil)
+	}))
 	workertest.WaitFor(t, 30*time.Second, "the key reconciled again", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM compute_dirty`) == 0
 	})

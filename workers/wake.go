@@ -2,6 +2,7 @@ package workers
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river/riverdriver"
@@ -77,5 +78,64 @@ func (rt *Runtime) wakeQueue(queue string) {
 	rt.mu.Unlock()
 	if active && rt.driver != nil {
 		rt.driver.pilot.wake(rt.runCtx, queue)
+	}
+}
+
+// IdleQueuePollFactor times the poll interval (at least
+// minIdleQueuePoll) is how often a shard queue's producer polls on its own.
+// The scout polls for all of them once a poll interval in one statement, so
+// an idle process's load does not grow with its shards.
+const (
+	IdleQueuePollFactor = 30
+	minIdleQueuePoll    = 5 * time.Second
+)
+
+func (o *Options) idleQueuePoll() time.Duration {
+	return max(IdleQueuePollFactor*o.PollInterval, minIdleQueuePoll)
+}
+
+// scoutLoop asks, once a poll interval and in one statement for all the
+// shards this process holds (jobs.DueWorkSQL), which have a due dirty key of
+// a reconciler it runs, and which have a job due in their queue, and wakes
+// their claim loops and producers: an idle process costs the database one
+// statement a poll interval, not one per shard.
+func (rt *Runtime) scoutLoop() {
+	defer rt.claimWG.Done()
+	kinds, _, _ := rt.o.Registry.claimKinds()
+	t := time.NewTicker(rt.o.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-rt.claimStop:
+			return
+		case <-t.C:
+		}
+		shards := rt.HeldShards()
+		if len(shards) == 0 {
+			continue
+		}
+		queues := make([]string, len(shards))
+		for i, s := range shards {
+			queues[i] = jobs.ShardQueue(s)
+		}
+		ctx, cancel := context.WithTimeout(rt.runCtx, 30*time.Second)
+		rows, err := rt.pool.Query(ctx, jobs.DueWorkSQL, shards, queues, kinds)
+		var shard int
+		var dirty, due bool
+		if err == nil {
+			_, err = pgx.ForEachRow(rows, []any{&shard, &dirty, &due}, func() error {
+				if dirty {
+					rt.wakeClaimLoop(shard)
+				}
+				if due {
+					rt.wakeQueue(jobs.ShardQueue(shard))
+				}
+				return nil
+			})
+		}
+		cancel()
+		if err != nil && rt.runCtx.Err() == nil {
+			rt.log.Debug().Err(err).Msg("could not look for due work; retrying at the next poll")
+		}
 	}
 }

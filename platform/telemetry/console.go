@@ -19,7 +19,7 @@ const attrPrefix = "bettercompute."
 
 // ConsoleExporter writes one line per span, as it ends:
 //
-//	span river.work/reconcile_batch 4.1ms trace=4bf9… span=00f0… parent=53995c… links=1 status=ok shard=3 lease.epoch=2 outcome=completed
+//	span bettercompute.reconcile 4.1ms trace=4bf9… span=00f0… parent=53995c… links=1 status=ok shard=3 lease.epoch=2 outcome=completed
 //	span bettercompute.lease.round 2.3ms trace=… span=… parent=- links=0 status=unset lease.owner=host/0#4 | lease{lease=shard/0 lease.action=renewed lease.epoch=2 shard=0}
 //
 // Of the attributes it prints only ours (bettercompute.*, the prefix left out),

@@ -3,8 +3,8 @@
 // such a test fails.
 //
 //	b := browsertest.New(t, 2*time.Minute)
-//	b.Go(base + "jobs?state=completed&kind=reconcile_batch")
-//	b.WaitText("a completed reconcile_batch job", "reconcile_batch")
+//	b.Go(base + "jobs?state=completed&kind=reconcile_resync")
+//	b.WaitText("a completed reconcile_resync job", "reconcile_resync")
 //	b.Click("open the job", `a[href="/jobs/42"]`)
 //
 // The browser is found at BETTER_COMPUTE_CHROMIUM, or as chromium,
