@@ -580,19 +580,6 @@ func RunningByAttempter(ctx context.Context, db pg.DBTX, oldBefore time.Time) ([
 
 // --- Workflows (domain/workflow, workers/workflowworker) ---
 
-// workflowJobInsert is the River job row of a workflow step, for an INSERT ...
-// SELECT over a relation w with columns job_id, id, kind, step, seq: kind
-// workflow_step, River's default priority. Its last argument is the caller's
-// cause (a traceparent, or NULL), which goes in the job's metadata as
-// {"traceparent": …}, the key River's OpenTelemetry middleware reads, and an
-// empty metadata without one.
-var workflowJobInsert = fmt.Sprintf(`
-    INSERT INTO river_job (id, args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata)
-    SELECT w.job_id, jsonb_build_object('workflow_id', w.id, 'workflow', w.kind, 'step', w.step, 'seq', w.seq),
-           '%s', %%s, %d, %%s, %%s, %%s, '{}',
-           CASE WHEN %%[5]s IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('%s', %%[5]s) END`,
-	WorkflowStepKind, river.PriorityDefault, TraceparentKey)
-
 // TraceparentKey is the key of a job's metadata that holds its cause, a W3C
 // traceparent: the one River's OpenTelemetry middleware (otelriver) reads.
 const TraceparentKey = "traceparent"
@@ -603,22 +590,12 @@ const TraceparentKey = "traceparent"
 // scheduled_at (the caller's clock, as River's own inserts), $8 the caller's
 // cause (a traceparent or NULL: the jobs' metadata). A kind not
 // in compute_workflow_kinds inserts nothing; an id that exists inserts
-// nothing. It returns the ids inserted.
-var StartWorkflowsSQL = fmt.Sprintf(`
-WITH i AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::bigint[]) AS i(id, kind, input, hash)
-), w AS (
-    INSERT INTO compute_workflows AS w (id, kind, status, step, seq, job_id, input, parent_id, parent_seq)
-    SELECT i.id, i.kind, 'running', k.steps[1], 1, nextval('river_job_id_seq'), i.input, $5::text, $6::bigint
-    FROM i JOIN compute_workflow_kinds k ON k.kind = i.kind
-    ON CONFLICT (id) DO NOTHING
-    RETURNING w.id, w.kind, w.step, w.seq, w.job_id
-), j AS (%s
-    FROM w JOIN i ON i.id = w.id
-    RETURNING id
-)
-SELECT w.id FROM w`, fmt.Sprintf(workflowJobInsert, fmt.Sprint(river.MaxAttemptsDefault),
-	`'`+ShardQueuePrefix+`' || (i.hash % (SELECT shard_count FROM compute_settings))`, "$7::timestamptz", "'available'", "$8::text"))
+// nothing. It returns the ids inserted. The function compute_workflow_start
+// (migrations/workflow/0004_advance_function.sql), whose plan the server
+// keeps per connection: each job is WorkflowStepKind, river.MaxAttemptsDefault
+// attempts at river.PriorityDefault, in its ShardQueuePrefix queue.
+const StartWorkflowsSQL = `SELECT id FROM compute_workflow_start($1::text[], $2::text[], $3::jsonb[], $4::bigint[],
+    $5::text, $6::bigint, $7::timestamptz, $8::text)`
 
 // AdvanceWorkflowSQL moves a workflow instance, locked by the caller's
 // transaction at seq $2, to its next state, and inserts the River job of its
@@ -630,22 +607,13 @@ SELECT w.id FROM w`, fmt.Sprintf(workflowJobInsert, fmt.Sprint(river.MaxAttempts
 // metadata), $16 without a job, the running job that stays the instance's
 // (an inline step: NULL otherwise). It returns the new seq and job id (NULL
 // without a job); no row means the seq moved (the caller's lock should make
-// that impossible).
-var AdvanceWorkflowSQL = fmt.Sprintf(`
-WITH w AS (
-    UPDATE compute_workflows SET status = $3::text, step = $4::text, seq = seq + 1,
-           job_id = CASE WHEN $10::bool THEN nextval('river_job_id_seq') ELSE $16::bigint END,
-           state = COALESCE($5::jsonb, state), result = $6::jsonb, error = $7::text, wait = $8::jsonb,
-           wake_at = $9::timestamptz,
-           attempt = 0, updated_at = compute_now(),
-           finished_at = CASE WHEN $3::text IN ('completed', 'failed', 'cancelled') THEN compute_now() END
-    WHERE id = $1 AND seq = $2
-    RETURNING id, kind, step, seq, job_id
-), j AS (%s
-    FROM w WHERE $10::bool AND w.job_id IS NOT NULL
-    RETURNING id
-)
-SELECT w.seq, w.job_id FROM w`, fmt.Sprintf(workflowJobInsert, "$14::int", "$11::text", "$12::timestamptz", "$13::river_job_state", "$15::text"))
+// that impossible). The function compute_workflow_advance
+// (migrations/workflow/0004_advance_function.sql), whose plan the server
+// keeps per connection: the job it inserts is WorkflowStepKind at
+// river.PriorityDefault, its cause under TraceparentKey.
+const AdvanceWorkflowSQL = `SELECT seq, job_id FROM compute_workflow_advance($1::text, $2::bigint, $3::text, $4::text,
+    $5::jsonb, $6::jsonb, $7::text, $8::jsonb, $9::timestamptz, $10::bool, $11::text, $12::timestamptz,
+    $13::river_job_state, $14::int, $15::text, $16::bigint)`
 
 // CompleteJobSQL completes running job $1 at $2 (River's clock: now) with
 // $3 merged into its metadata, as River's JobCompleteTx does, in a statement

@@ -381,3 +381,44 @@ func TestShardOf(t *testing.T) {
 	require.Equal(t, "shard_0", ShardQueue(0))
 	require.Equal(t, "shard_12", ShardQueue(12))
 }
+
+// TestWorkflowFunctionsWriteTheJobsGoExpects: compute_workflow_start and
+// compute_workflow_advance (migrations/workflow/0004) spell the step job's
+// kind, attempts, priority, queue and cause in SQL; they are the ones the Go
+// side names (WorkflowStepKind, river.MaxAttemptsDefault,
+// river.PriorityDefault, ShardQueue, TraceparentKey).
+func TestWorkflowFunctionsWriteTheJobsGoExpects(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(t, `INSERT INTO compute_workflow_kinds (kind, steps) VALUES ('order', '{a,b}')`)
+	const cause = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	var shards int
+	require.NoError(t, db.QueryRow(ctx, `SELECT shard_count FROM compute_settings`).Scan(&shards))
+	err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, StartWorkflowsSQL, []string{"w1", "w2"}, []string{"order", "nope"},
+			[]string{`{}`, `{}`}, []int64{int64(KeyHash("w1")), int64(KeyHash("w2"))}, nil, nil, time.Now(), cause)
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		require.Equal(t, []string{"w1"}, ids, "an unknown kind inserts nothing")
+		var seq int64
+		var jobID *int64
+		if err := tx.QueryRow(ctx, AdvanceWorkflowSQL, "w1", int64(1), "running", "b", nil, nil, nil, nil, nil,
+			true, "shard_0", time.Now(), "available", 7, cause, nil).Scan(&seq, &jobID); err != nil {
+			return err
+		}
+		require.EqualValues(t, 2, seq)
+		require.NotNil(t, jobID)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = $1 AND max_attempts = $2
+		AND priority = $3 AND queue = $4 AND metadata->>$5 = $6 AND args->>'step' = 'a'`,
+		WorkflowStepKind, river.MaxAttemptsDefault, river.PriorityDefault, ShardQueue(ShardOf("w1", shards)), TraceparentKey, cause))
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = $1 AND max_attempts = 7
+		AND priority = $2 AND queue = 'shard_0' AND metadata->>$3 = $4 AND args->>'step' = 'b' AND (args->>'seq')::int = 2`,
+		WorkflowStepKind, river.PriorityDefault, TraceparentKey, cause))
+}
