@@ -2,6 +2,8 @@ package workers
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,7 +29,8 @@ import (
 // this process wakes.
 type pollDriver struct {
 	*riverpgxv5.Driver
-	pilot *wakePilot
+	pilot    *wakePilot
+	settings queueSettings
 }
 
 var _ riverdriver.Driver[pgx.Tx] = (*pollDriver)(nil)
@@ -38,6 +41,54 @@ func newPollDriver(d *riverpgxv5.Driver) *pollDriver {
 
 // SupportsListener is false: River then wakes its producers in process.
 func (d *pollDriver) SupportsListener() bool { return false }
+
+// GetExecutor is River's executor, but for the settings of the shard queues,
+// which every producer of a poll-only client reads on its own every 2 s (to
+// see a pause or resume from River UI): those come from one list of every
+// queue, read at most once a second for all of them (queueSettings), so an
+// idle process's load does not grow with its shards.
+func (d *pollDriver) GetExecutor() riverdriver.Executor {
+	return &settingsExecutor{Executor: d.Driver.GetExecutor(), cache: &d.settings}
+}
+
+// queueSettings are the rows of river_queue, as last listed.
+type queueSettings struct {
+	mu     sync.Mutex
+	at     time.Time
+	byName map[string]*rivertype.Queue
+}
+
+// queueSettingsFor is how long a list of the queues' settings serves.
+const queueSettingsFor = time.Second
+
+type settingsExecutor struct {
+	riverdriver.Executor
+	cache *queueSettings
+}
+
+func (e *settingsExecutor) QueueGet(ctx context.Context, params *riverdriver.QueueGetParams) (*rivertype.Queue, error) {
+	if !strings.HasPrefix(params.Name, jobs.ShardQueuePrefix) {
+		return e.Executor.QueueGet(ctx, params)
+	}
+	c := e.cache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.at) > queueSettingsFor {
+		qs, err := e.Executor.QueueList(ctx, &riverdriver.QueueListParams{Max: 100_000, Schema: params.Schema})
+		if err != nil {
+			return nil, err
+		}
+		c.byName = make(map[string]*rivertype.Queue, len(qs))
+		for _, q := range qs {
+			c.byName[q.Name] = q
+		}
+		c.at = time.Now()
+	}
+	if q, ok := c.byName[params.Name]; ok {
+		return q, nil
+	}
+	return e.Executor.QueueGet(ctx, params) // added since the list
+}
 
 // PluginInit and PluginPilot make pollDriver a River driver plugin.
 func (d *pollDriver) PluginInit(*baseservice.Archetype) {}
@@ -81,17 +132,17 @@ func (rt *Runtime) wakeQueue(queue string) {
 	}
 }
 
-// IdleQueuePollFactor times the poll interval (at least
-// minIdleQueuePoll) is how often a shard queue's producer polls on its own.
-// The scout polls for all of them once a poll interval in one statement, so
-// an idle process's load does not grow with its shards.
+// IdleQueuePollFactor times the poll interval, and at least MinIdleQueuePoll,
+// is how often a shard queue's producer polls on its own: a backstop. The
+// scout polls for all of them once a poll interval in one statement, so an
+// idle process's load does not grow with its shards.
 const (
-	IdleQueuePollFactor = 30
-	minIdleQueuePoll    = 5 * time.Second
+	IdleQueuePollFactor = 100
+	MinIdleQueuePoll    = 30 * time.Second
 )
 
 func (o *Options) idleQueuePoll() time.Duration {
-	return max(IdleQueuePollFactor*o.PollInterval, minIdleQueuePoll)
+	return max(IdleQueuePollFactor*o.PollInterval, MinIdleQueuePoll)
 }
 
 // scoutLoop asks, once a poll interval and in one statement for all the
