@@ -10,8 +10,11 @@
 //   - no startup parameters beyond what the URL names;
 //   - the statement timeout is SET LOCAL inside each transaction, sent with BEGIN
 //     in one round trip, so it never outlives the transaction;
-//   - only unnamed statements (pgx QueryExecModeExec; the pgx default and
-//     DescribeExec fail through PgBouncer 1.18 in transaction mode);
+//   - only unnamed statements by default (pgx QueryExecModeExec; the pgx
+//     default and DescribeExec fail through PgBouncer 1.18 in transaction
+//     mode), so every statement is parsed and planned at every execution.
+//     Options.StatementCache keeps prepared statements on a direct
+//     connection instead (see "Statement cache" below);
 //   - no LISTEN/NOTIFY and no session-level advisory locks (migrators use
 //     pg_advisory_xact_lock, leases are rows).
 //
@@ -36,6 +39,23 @@
 // The cost is a reconnect for the next checkout. Options.CancelRequests turns
 // cancel requests back on for a direct connection: the statement is cancelled
 // at once and the connection stays usable.
+//
+// # Statement cache
+//
+// Options.StatementCache (BETTER_COMPUTE_DB_STATEMENT_CACHE) switches a pool
+// on a direct connection to pgx QueryExecModeCacheStatement: each connection
+// prepares a statement (a named server-side prepared statement) the first
+// time it runs it and reuses it after, keeping up to statementCacheCapacity
+// of them, so a statement is parsed once per connection, and planned once
+// when the server settles on a generic plan. Behind PgBouncer in transaction
+// mode it must stay off: a prepared statement belongs to one server
+// connection, and the next transaction may get another.
+//
+// In that mode the server, not the Go value, decides each parameter's type
+// when the statement is prepared: a statement must give an ambiguous parameter
+// a cast ($1::text), and pass a Go value that encodes as the type the server
+// inferred (an int64 compared with a text expression does not). The tests run
+// in both modes (TEST_DB_STATEMENT_CACHE=1, see platform/pgtest).
 package pg
 
 import (
@@ -74,6 +94,11 @@ type DBTX interface {
 // its connection is dropped, when cancel requests are on.
 const cancelGrace = 2 * time.Second
 
+// statementCacheCapacity is how many prepared statements each connection
+// keeps with Options.StatementCache (pgx's default): more than the project
+// has, so none is evicted and prepared again.
+const statementCacheCapacity = 512
+
 // clientCheckInterval is how often a server backend checks, while it runs a
 // statement, that its client is still connected (client_connection_check_interval).
 const clientCheckInterval = time.Second
@@ -91,6 +116,12 @@ type Options struct {
 	// connection. Only for a direct connection: some poolers crash on cancel
 	// requests (see the package doc).
 	CancelRequests bool
+	// StatementCache makes each connection prepare a statement the first time
+	// it runs it and reuse it after (pgx QueryExecModeCacheStatement), instead
+	// of sending it unnamed, parsed and planned at every execution. Only for a
+	// direct connection: PgBouncer in transaction mode must keep the default
+	// (see the package doc).
+	StatementCache bool
 }
 
 // Pool is a pgxpool.Pool whose Begin sets the statement timeout. River and
@@ -121,6 +152,13 @@ func Open(ctx context.Context, o Options) (*Pool, error) {
 	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	cfg.ConnConfig.StatementCacheCapacity = 0
 	cfg.ConnConfig.DescriptionCacheCapacity = 0
+	if o.StatementCache {
+		// Prepared statements, named, one cache per connection; the
+		// description cache serves only QueryExecModeCacheDescribe, which
+		// no statement asks for.
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
+		cfg.ConnConfig.StatementCacheCapacity = statementCacheCapacity
+	}
 	cfg.AfterConnect = registerJSON
 	// AfterCommit's hooks: run at a COMMIT, dropped at a ROLLBACK, at the
 	// next BEGIN of a connection whose transaction ended otherwise, or with
@@ -173,12 +211,13 @@ func Open(ctx context.Context, o Options) (*Pool, error) {
 }
 
 // registerJSON makes JSON values encode as JSON in every statement of the pool,
-// whatever the column: pgx in QueryExecModeExec (the pool's mode, which a
-// transaction-mode pooler needs) has no statement description to learn a
+// whatever the column: pgx in QueryExecModeExec (the pool's default mode, which
+// a transaction-mode pooler needs) has no statement description to learn a
 // parameter's type from, so it picks the type from the Go value. pgx already
 // maps json.RawMessage (the payloads of events, quorum items) to json; this adds
 // map[string]any as jsonb (marshalled with encoding/json), so both go into json
-// and jsonb columns as they are. A plain []byte stays bytea: pass JSON as
+// and jsonb columns as they are. (With StatementCache the prepared statement's
+// parameter types decide, and its json and jsonb codecs take both values too.) A plain []byte stays bytea: pass JSON as
 // json.RawMessage or string.
 func registerJSON(_ context.Context, c *pgx.Conn) error {
 	c.TypeMap().RegisterDefaultPgType(map[string]any(nil), "jsonb")
@@ -255,10 +294,10 @@ func redactErr(err error, connURL string) error {
 
 // Sibling returns a new pool of at most maxConns connections to the same
 // database with p's settings (statement timeout, application name, cancel
-// handling). It connects lazily, and the caller closes it. A worker's control
-// loops (lease renewals, the identity heartbeat, clock samples) use one of
-// their own, so that jobs holding every connection of the work pool never
-// delay a renewal past its lease.
+// handling, statement cache). It connects lazily, and the caller closes it. A
+// worker's control loops (lease renewals, the identity heartbeat, clock
+// samples) use one of their own, so that jobs holding every connection of the
+// work pool never delay a renewal past its lease.
 func (p *Pool) Sibling(maxConns int32) (*Pool, error) {
 	cfg := p.Pool.Config() // a copy
 	cfg.MaxConns = max(maxConns, 1)

@@ -208,6 +208,65 @@ func TestApplicationNameIsSetLocal(t *testing.T) {
 	require.NotEqual(t, "bc-o'test", name)
 }
 
+// TestStatementCache: with Options.StatementCache a statement run twice on one
+// connection, in two transactions as InTx runs them, is prepared once (one
+// named statement on the server, executed twice), and a Sibling pool keeps
+// the setting; by default nothing is
+// prepared, so PgBouncer in transaction mode has nothing to lose.
+func TestStatementCache(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	const stmt = "SELECT $1::int + 1"
+	for _, tc := range []struct {
+		name     string
+		cache    bool
+		prepared int
+	}{{"default", false, 0}, {"cache", true, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool, err := pg.Open(ctx, pg.Options{URL: db.URL, MaxConns: 1, StatementCache: tc.cache})
+			require.NoError(t, err)
+			defer pool.Close()
+			sib, err := pool.Sibling(1)
+			require.NoError(t, err)
+			defer sib.Close()
+			for _, p := range []*pg.Pool{pool, sib} {
+				want := pgx.QueryExecModeExec
+				if tc.cache {
+					want = pgx.QueryExecModeCacheStatement
+				}
+				require.Equal(t, want, p.Config().ConnConfig.DefaultQueryExecMode)
+			}
+
+			for i := 1; i <= 2; i++ {
+				var n int
+				require.NoError(t, pg.InTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
+					return tx.QueryRow(ctx, stmt, i).Scan(&n)
+				}))
+				require.Equal(t, i+1, n)
+			}
+			// The pool's one connection: the one both transactions ran on.
+			conn, err := pool.Acquire(ctx)
+			require.NoError(t, err)
+			defer conn.Release()
+			var prepared, runs, all int
+			require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE statement = $1),
+	coalesce(sum(generic_plans + custom_plans) FILTER (WHERE statement = $1), 0),
+	count(*) FILTER (WHERE statement <> $1 AND statement NOT LIKE '%pg_prepared_statements%')
+FROM pg_prepared_statements`, stmt).Scan(&prepared, &runs, &all))
+			require.Equal(t, tc.prepared, prepared, "prepared statements of %q on the connection", stmt)
+			require.Equal(t, 0, all, "no other statement was prepared")
+			if tc.cache {
+				require.Equal(t, 2, runs, "the one prepared statement served both runs")
+			} else {
+				var n int
+				require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements").Scan(&n))
+				require.Zero(t, n, "nothing is prepared by default")
+			}
+		})
+	}
+}
+
 func TestStatementTimeoutFiresAndDoesNotOutliveTheTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
