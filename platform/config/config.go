@@ -36,6 +36,7 @@ type Config struct {
 	DBMaxConns       int           `env:"DB_MAX_CONNS" help:"maximum connections in this process's pool"`
 	StatementTimeout time.Duration `env:"STATEMENT_TIMEOUT" help:"statement timeout, SET LOCAL in every transaction"`
 	DBCancelRequests bool          `env:"DB_CANCEL_REQUESTS" help:"a cancelled statement sends a PostgreSQL cancel request instead of closing its connection (direct connections only: PgBouncer 1.18 can crash on cancel requests)"`
+	DBStatementCache bool          `env:"DB_STATEMENT_CACHE" help:"each connection prepares a statement once and reuses it, instead of parsing and planning it at every execution (direct connections only: PgBouncer in transaction mode cannot keep prepared statements)"`
 	LogLevel         string        `env:"LOG_LEVEL" help:"trace, debug, info, warn or error"`
 	LogFormat        string        `env:"LOG_FORMAT" help:"json or console (default: console when stderr is a terminal, else json)"`
 	PGBin            string        `env:"PG_BIN" help:"directory of initdb and postgres for embedded: URLs (default: PATH, then /usr/lib/postgresql/*/bin)"`

@@ -37,6 +37,7 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, 16, c.ShardCount)
 	require.Equal(t, 15*time.Second, c.LeaseTTL)
 	require.Equal(t, 5*time.Second, c.LeaseRenew)
+	require.False(t, c.DBStatementCache, "unnamed statements by default: PgBouncer in transaction mode works")
 	require.Equal(t, config.Defaults(), c, "an empty environment is the defaults")
 
 	// A variable set to "" keeps its default, as an unset one does.
@@ -59,6 +60,7 @@ func TestLoadReadsThePrefixedVariables(t *testing.T) {
 		"BETTER_COMPUTE_LOG_LEVEL=debug",
 		"BETTER_COMPUTE_LOG_FORMAT=console",
 		"BETTER_COMPUTE_READ_ONLY=true",
+		"BETTER_COMPUTE_DB_STATEMENT_CACHE=true",
 		"DB_MAX_CONNS=99", // unprefixed: not ours
 	)
 	require.Equal(t, 7, c.DBMaxConns)
@@ -66,6 +68,8 @@ func TestLoadReadsThePrefixedVariables(t *testing.T) {
 	require.Equal(t, "debug", c.LogLevel)
 	require.Equal(t, "console", c.LogFormat)
 	require.True(t, c.ReadOnly)
+	require.True(t, c.DBStatementCache)
+	require.False(t, c.DBCancelRequests, "unset: its default")
 	require.NoError(t, c.Validate())
 }
 
@@ -75,6 +79,7 @@ func TestLoadNamesAnUnparsableVariable(t *testing.T) {
 		"BETTER_COMPUTE_DB_MAX_CONNS=lots",
 		"BETTER_COMPUTE_STATEMENT_TIMEOUT=15",
 		"BETTER_COMPUTE_READ_ONLY=maybe",
+		"BETTER_COMPUTE_DB_STATEMENT_CACHE=sometimes",
 		"BETTER_COMPUTE_SHARD_COUNT=1.5",
 	} {
 		_, err := config.Load(append([]string{kv}, valid...))
@@ -137,12 +142,14 @@ func TestFlagsOverrideTheEnvironment(t *testing.T) {
 		"--statement-timeout=3s",
 		"--database-url", "postgres://other@127.0.0.1/x",
 		"--read-only",
+		"--db-statement-cache",
 		"rest",
 	}))
 	require.Equal(t, 9, c.DBMaxConns)
 	require.Equal(t, 3*time.Second, c.StatementTimeout)
 	require.Equal(t, "postgres://other@127.0.0.1/x", c.DatabaseURL)
 	require.True(t, c.ReadOnly)
+	require.True(t, c.DBStatementCache)
 	require.Equal(t, "warn", c.LogLevel, "a variable without a flag keeps the environment's value")
 	require.Equal(t, 16, c.ShardCount, "and one in neither keeps its default")
 	require.Equal(t, []string{"rest"}, fs.Args())

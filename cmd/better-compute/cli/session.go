@@ -97,6 +97,7 @@ func (s *Session) Pool(ctx context.Context) (*pg.Pool, error) {
 		MaxConns:         int32(s.Config.DBMaxConns),
 		StatementTimeout: s.Config.StatementTimeout,
 		CancelRequests:   s.Config.DBCancelRequests,
+		StatementCache:   s.Config.DBStatementCache,
 	})
 	if err != nil {
 		return nil, err
