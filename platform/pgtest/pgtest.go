@@ -8,6 +8,12 @@
 // database is kept and its name logged, so it can be inspected (on the embedded
 // cluster, until the test binary exits; keep it longer with TEST_DATABASE_URL).
 //
+// With TEST_DB_STATEMENT_CACHE=1 every pool New and NewOwned open keeps
+// prepared statements (pg.Options.StatementCache, what
+// BETTER_COMPUTE_DB_STATEMENT_CACHE turns on), so the tests run each statement
+// as a direct connection with the statement cache does; by default they run it
+// unnamed, as behind PgBouncer.
+//
 // Use it from TestMain, so the embedded cluster stops when the tests end:
 //
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -24,6 +30,7 @@ import (
 	"encoding/hex"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -87,6 +94,18 @@ func Cluster(tb testing.TB) *embedded.Cluster {
 	return cluster
 }
 
+// EnvStatementCache is the variable that, set to 1 (or true), opens the test
+// pools with pg.Options.StatementCache.
+const EnvStatementCache = "TEST_DB_STATEMENT_CACHE"
+
+// StatementCache reports whether the test pools keep prepared statements
+// (TEST_DB_STATEMENT_CACHE): a test that opens a pool of its own to a direct
+// connection, or runs a command line, may follow it.
+func StatementCache() bool {
+	v, _ := strconv.ParseBool(os.Getenv(EnvStatementCache))
+	return v
+}
+
 // DefaultShardCount is the shard count of every test database (the production
 // default). A test that needs another count updates compute_settings.
 const DefaultShardCount = 16
@@ -140,7 +159,7 @@ func New(tb testing.TB, opts ...Options) *DB {
 		tb.Fatalf("pgtest: cannot create database %s: %v", name, err)
 	}
 	u := WithDatabase(admin, name)
-	pool, err := pg.Open(ctx, pg.Options{URL: u, MaxConns: o.MaxConns, StatementTimeout: o.StatementTimeout})
+	pool, err := pg.Open(ctx, pg.Options{URL: u, MaxConns: o.MaxConns, StatementTimeout: o.StatementTimeout, StatementCache: StatementCache()})
 	if err != nil {
 		tb.Fatalf("pgtest: cannot open %s: %v", name, err)
 	}
@@ -176,7 +195,7 @@ func template(tb testing.TB, admin string, set *migrate.Set) string {
 		if err := adminExec(ctx, admin, "CREATE DATABASE "+tmp); err != nil {
 			tb.Fatalf("pgtest: cannot create template %s: %v", tmp, err)
 		}
-		pool, err := pg.Open(ctx, pg.Options{URL: WithDatabase(admin, tmp), MaxConns: 2})
+		pool, err := pg.Open(ctx, pg.Options{URL: WithDatabase(admin, tmp), MaxConns: 2, StatementCache: StatementCache()})
 		if err != nil {
 			tb.Fatalf("pgtest: %v", err)
 		}

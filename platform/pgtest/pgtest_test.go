@@ -2,6 +2,7 @@ package pgtest_test
 
 import (
 	"context"
+	"os"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -46,6 +47,25 @@ func TestNewWithApplicationGroups(t *testing.T) {
 	}}}})
 	require.Equal(t, 1, db.MustCount(t, "SELECT count(*) FROM compute_migrations WHERE name = 'app/0001_items'"))
 	require.Equal(t, 1, db.MustCount(t, "SELECT count(*) FROM pg_class WHERE relname = 'app_items'"))
+}
+
+// TestStatementCacheFollowsTheEnvironment: New's and NewOwned's pools keep
+// prepared statements exactly when TEST_DB_STATEMENT_CACHE says so, and
+// statements run on them (the run in both modes covers every statement).
+func TestStatementCacheFollowsTheEnvironment(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	want := pgx.QueryExecModeExec
+	if pgtest.StatementCache() {
+		want = pgx.QueryExecModeCacheStatement
+	}
+	for _, db := range []*pgtest.DB{pgtest.New(t, pgtest.Options{Empty: true}), pgtest.NewOwned(t)} {
+		require.Equal(t, want, db.Config().ConnConfig.DefaultQueryExecMode, "%s (%s=%q)",
+			db.Name, pgtest.EnvStatementCache, os.Getenv(pgtest.EnvStatementCache))
+		var n int
+		require.NoError(t, db.QueryRow(ctx, "SELECT $1::int", 7).Scan(&n))
+		require.Equal(t, 7, n)
+	}
 }
 
 // TestPassingTestsDropTheirDatabase: a passing subtest's database is gone after it.

@@ -50,7 +50,7 @@ func NewOwned(tb testing.TB, opts ...Options) *DB {
 		tb.Fatalf("pgtest: cannot create database %s: %v", name, err)
 	}
 	u := WithUser(WithDatabase(admin, name), name, password)
-	pool, err := pg.Open(ctx, pg.Options{URL: u, MaxConns: o.MaxConns, StatementTimeout: o.StatementTimeout})
+	pool, err := pg.Open(ctx, pg.Options{URL: u, MaxConns: o.MaxConns, StatementTimeout: o.StatementTimeout, StatementCache: StatementCache()})
 	if err != nil {
 		_ = adminExec(ctx, admin, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)")
 		_ = adminExec(ctx, admin, "DROP ROLE IF EXISTS "+ident)

@@ -209,7 +209,7 @@ func TestDevLeavesAClusterItFoundRunning(t *testing.T) {
 	var stdout, stderr clitest.Buffer
 	done := make(chan int, 1)
 	go func() {
-		done <- cli.Run(ctx, app, []string{"dev"}, cli.Env{Stdout: &stdout, Stderr: &stderr, Environ: env})
+		done <- cli.Run(ctx, app, []string{"dev"}, cli.Env{Stdout: &stdout, Stderr: &stderr, Environ: clitest.WithStatementCache(env)})
 	}()
 	deadline := time.Now().Add(60 * time.Second)
 	for !strings.Contains(stdout.String(), "Press Ctrl-C to stop.") {

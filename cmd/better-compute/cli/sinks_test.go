@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
 	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
@@ -25,7 +26,7 @@ func runSinks(t *testing.T, app cli.App, db *pgtest.DB, args ...string) (int, st
 	var stdout, stderr bytes.Buffer
 	code := cli.Run(context.Background(), app, append([]string{"sinks"}, args...), cli.Env{
 		Stdout: &stdout, Stderr: &stderr,
-		Environ: []string{"BETTER_COMPUTE_DATABASE_URL=" + db.URL, "BETTER_COMPUTE_LOG_LEVEL=warn"},
+		Environ: clitest.WithStatementCache([]string{"BETTER_COMPUTE_DATABASE_URL=" + db.URL, "BETTER_COMPUTE_LOG_LEVEL=warn"}),
 	})
 	t.Logf("sinks %s: exit %d\n%s%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
 	return code, stdout.String(), stderr.String()

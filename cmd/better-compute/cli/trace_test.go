@@ -63,7 +63,7 @@ func TestDevTracePrintsSpans(t *testing.T) {
 	var stdout, stderr clitest.Buffer
 	done := make(chan int, 1)
 	go func() {
-		done <- cli.Run(ctx, app, []string{"dev", "--trace"}, cli.Env{Stdout: &stdout, Stderr: &stderr, Environ: env})
+		done <- cli.Run(ctx, app, []string{"dev", "--trace"}, cli.Env{Stdout: &stdout, Stderr: &stderr, Environ: clitest.WithStatementCache(env)})
 	}()
 	defer func() { t.Logf("stderr:\n%s", stderr.String()) }()
 

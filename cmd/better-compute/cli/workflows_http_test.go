@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
 	"github.com/bettercompute/bettercompute/domain/workflow"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 )
@@ -28,7 +29,7 @@ func serveApp(t *testing.T, app cli.App, environ []string) string {
 	pr, pw := io.Pipe()
 	code := make(chan int, 1)
 	go func() {
-		code <- cli.Run(ctx, app, []string{"serve"}, cli.Env{Stdout: pw, Stderr: zerolog.NewTestWriter(t), Environ: environ})
+		code <- cli.Run(ctx, app, []string{"serve"}, cli.Env{Stdout: pw, Stderr: zerolog.NewTestWriter(t), Environ: clitest.WithStatementCache(environ)})
 		pw.Close()
 	}()
 	t.Cleanup(func() { cancel(); <-code })

@@ -85,7 +85,7 @@ func runCommand(t *testing.T, db *pgtest.DB, command string, env ...string) stri
 	ctx, cancel := context.WithCancel(context.Background())
 	code := make(chan int, 1)
 	go func() {
-		code <- cli.Run(ctx, browserApp(), []string{command}, cli.Env{Stdout: stdout, Stderr: stderr, Environ: environ})
+		code <- cli.Run(ctx, browserApp(), []string{command}, cli.Env{Stdout: stdout, Stderr: stderr, Environ: clitest.WithStatementCache(environ)})
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -86,7 +86,7 @@ func TestDevTraceShowsARequestToItsDelivery(t *testing.T) {
 	code := make(chan int, 1)
 	go func() {
 		code <- cli.Run(ctx, cli.App{Modules: Modules()}, []string{"dev", "--trace"},
-			cli.Env{Stdout: stdout, Stderr: stderr, Environ: environ})
+			cli.Env{Stdout: stdout, Stderr: stderr, Environ: clitest.WithStatementCache(environ)})
 	}()
 	defer func() {
 		cancel()

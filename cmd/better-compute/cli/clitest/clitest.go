@@ -8,11 +8,13 @@ package clitest
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/platform/pgtest"
 )
 
 // Result is what one command line did: its exit code and its output.
@@ -24,13 +26,31 @@ type Result struct {
 // Run runs one command line of app in-process, with env (KEY=VALUE) as its
 // whole environment, and logs what it printed. It returns when the command
 // does; cancel ctx to stop a long-running one (worker, serve, dev) as SIGTERM
-// would.
+// would. When the test pools keep prepared statements (pgtest.StatementCache),
+// so does the command, unless env sets BETTER_COMPUTE_DB_STATEMENT_CACHE.
 func Run(tb testing.TB, ctx context.Context, app cli.App, env []string, args ...string) Result {
 	tb.Helper()
+	env = WithStatementCache(env)
 	var stdout, stderr bytes.Buffer
 	code := cli.Run(ctx, app, args, cli.Env{Stdout: &stdout, Stderr: &stderr, Environ: env})
 	tb.Logf("%s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, stdout.String(), stderr.String())
 	return Result{code, stdout.String(), stderr.String()}
+}
+
+// WithStatementCache returns env with BETTER_COMPUTE_DB_STATEMENT_CACHE=true
+// added when the tests run with TEST_DB_STATEMENT_CACHE=1 (see pgtest) and env
+// does not set it, for a command line a test runs: env itself otherwise.
+func WithStatementCache(env []string) []string {
+	const name = "BETTER_COMPUTE_DB_STATEMENT_CACHE"
+	if !pgtest.StatementCache() {
+		return env
+	}
+	for _, kv := range env {
+		if strings.HasPrefix(kv, name+"=") {
+			return env
+		}
+	}
+	return append(slices.Clip(env), name+"=true")
 }
 
 // Buffer is an output stream a running command writes while the test reads it
