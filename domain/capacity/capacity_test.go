@@ -35,7 +35,7 @@ func TestReserveConfirmExtendRelease(t *testing.T) {
 	require.Len(t, r.Devices, 2)
 	require.Equal(t, r.Devices[0][:4], r.Devices[1][:4], "a reservation's devices share a node when they can: %v", r.Devices)
 	require.Equal(t, t0.Add(time.Minute), r.ExpiresAt.UTC(), "the TTL runs from compute_now()")
-	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry' AND args->>'reservation_id' = $1`, r.ID),
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'capacity_hold_expiry' AND (args->>'reservation_id')::bigint = $1`, r.ID),
 		"the hold's expiry job is enqueued in the same transaction")
 	q, err := capacity.GetQuota(ctx, db.Pool, "acme", "p")
 	require.NoError(t, err)

@@ -20,16 +20,22 @@ import (
 // through a real PgBouncer in transaction mode. The pool's statements run in
 // QueryExecModeExec, where pgx picks a parameter's type from the Go value; a
 // value sent as bytea would fail with 22P02 (invalid input syntax for type
-// json), and a map would not encode at all.
+// json), and a map would not encode at all. With the statement cache the
+// prepared statement's parameter types decide, and the same values go in.
 func TestEventPayloadIntoJSONB(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	direct := pgtest.New(t)
 	direct.MustExec(t, `CREATE TABLE app_audit (id text PRIMARY KEY, body jsonb NOT NULL, raw json NOT NULL)`)
 	viaURL := pgtest.PgBouncer(t, direct)
-	for name, url := range map[string]string{"direct": direct.URL, "pgbouncer": viaURL} {
+	for name, o := range map[string]pg.Options{
+		"direct":                  {URL: direct.URL},
+		"direct, statement cache": {URL: direct.URL, StatementCache: true},
+		"pgbouncer":               {URL: viaURL},
+	} {
 		t.Run(name, func(t *testing.T) {
-			db, err := pg.Open(ctx, pg.Options{URL: url, MaxConns: 4, StatementTimeout: 5 * time.Second})
+			o.MaxConns, o.StatementTimeout = 4, 5*time.Second
+			db, err := pg.Open(ctx, o)
 			require.NoError(t, err)
 			defer db.Close()
 
