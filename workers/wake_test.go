@@ -78,7 +78,7 @@ func TestAPausedShardQueueStaysPaused(t *testing.T) {
 	workertest.WaitFor(t, 10*time.Second, "the queue is worked", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM river_queue WHERE name = $1`, queue) == 1
 	})
-	db.MustExec(t, `UPDATE river_queue SET paused_at = now() WHERE name = $1`, queue)
+	db.MustExec(t, `UPDATE river_queue SET paused_at = compute_now() WHERE name = $1`, queue)
 	time.Sleep(4 * time.Second) // two settings polls (2 s) and a list's life (1 s)
 	insert := func() {
 		require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
