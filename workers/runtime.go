@@ -300,9 +300,9 @@ func (rt *Runtime) run(names []string) error {
 		return fault.Wrap(fault.Unavailable, err, "cannot start River")
 	}
 	go rt.queueLoop()
-	rt.claimWG.Add(1)
-	go rt.scoutLoop()
 	rt.keeper = rt.newKeeper()
+	rt.claimWG.Add(1)
+	go rt.scoutLoop() // after the keeper is set: it reads rt.keeper
 	// Registered once the keeper is set: OnWake's lock orders this write
 	// before the hook's read of rt.keeper from another goroutine's commit.
 	stopWakes := jobs.OnWake(rt.wakeKey)

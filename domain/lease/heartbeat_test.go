@@ -289,3 +289,55 @@ func TestHeldTrustsNothingWhileLivenessDoubts(t *testing.T) {
 	_, ok = k.Held("shard/0")
 	require.True(t, ok)
 }
+
+// TestATakeoverDoesNotWaitForOneBlockedLease: a silent holder of two leases
+// is paused inside a fenced transaction on one of them (its FOR KEY SHARE
+// holds that lease's takeover back until the transaction ends). The standby
+// takes the other lease at once, by heartbeat, instead of waiting for the
+// blocked one; it takes the blocked one as soon as the transaction ends.
+func TestATakeoverDoesNotWaitForOneBlockedLease(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	db := pgtest.New(t)
+	a, err := lease.Claim(ctx, db.Pool, lease.ClaimOptions{Identity: "a", Heartbeat: 200 * time.Millisecond, MissedBeats: 4})
+	require.NoError(t, err)
+	l0, err := lease.Acquire(ctx, db.Pool, "shard/0", a.Owner(), time.Hour)
+	require.NoError(t, err)
+	_, err = lease.Acquire(ctx, db.Pool, "shard/1", a.Owner(), time.Hour)
+	require.NoError(t, err)
+	// a's fenced transaction on shard/0, left open as a paused process leaves it.
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	require.NoError(t, lease.FenceTx(ctx, tx, l0))
+	silence(t, db, "a", time.Minute)
+
+	b, err := lease.Claim(ctx, db.Pool, lease.ClaimOptions{Identity: "b"})
+	require.NoError(t, err)
+	got := make(chan lease.Acquired, 2)
+	k := lease.NewKeeper(lease.KeeperOptions{DB: db.Pool, Owner: b.Owner(), TTL: time.Hour, Renew: 300 * time.Millisecond,
+		OnAcquired: func(x lease.Acquired) { got <- x }})
+	k.Want("shard/0", "shard/1")
+	go k.Run(ctx)
+
+	select {
+	case x := <-got:
+		require.Equal(t, "shard/1", x.Lease.Name, "the lease nobody holds back changes hands first")
+		require.Equal(t, lease.ReasonHeartbeatLost, x.Reason)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the standby took nothing while one lease was held back")
+	}
+	select {
+	case x := <-got:
+		t.Fatalf("the held-back lease changed hands while the fenced transaction was open: %+v", x)
+	case <-time.After(time.Second):
+	}
+	require.NoError(t, tx.Rollback(ctx))
+	select {
+	case x := <-got:
+		require.Equal(t, "shard/0", x.Lease.Name)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the standby did not take the lease once the transaction ended")
+	}
+}

@@ -341,17 +341,62 @@ func (k *Keeper) renewHeld(ctx context.Context, held []Lease) (renewed, lost []L
 
 // takeWanted takes toTake: the guarded upsert, waiting (at most one renewal
 // interval) for the previous holder's fenced transactions; the running jobs it
-// left are handed back in the same transaction (Taken). It returns the holdings taken, those held by
+// left are handed back in the same transaction (Taken). When that wait runs
+// out (a previous holder paused inside a fenced transaction holds one of the
+// leases until its idle-in-transaction timeout), the names are taken one by
+// one, each waiting a moment, so that the others change hands now instead of
+// all waiting for that one. It returns the holdings taken, those held by
 // others, and whether the database could not be reached.
 func (k *Keeper) takeWanted(ctx context.Context, toTake []string) (taken []Acquired, others []holding, unreachable bool) {
 	if len(toTake) == 0 {
 		return nil, nil, false
 	}
-	err := pg.InTx(ctx, k.o.DB, func(ctx context.Context, tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", max(k.o.Renew.Milliseconds(), 1))); err != nil {
+	taken, others, err := k.takeTx(ctx, toTake, k.o.Renew)
+	if err != nil && pg.SQLState(err) == "55P03" && len(toTake) > 1 && ctx.Err() == nil {
+		taken, others = nil, nil
+		wait := max(k.o.Renew/time.Duration(4*len(toTake)), 10*time.Millisecond)
+		var waiting []string
+		for _, name := range toTake {
+			t, o, err1 := k.takeTx(ctx, []string{name}, wait)
+			if err1 != nil {
+				if pg.SQLState(err1) == "55P03" {
+					waiting = append(waiting, name)
+					continue
+				}
+				err = err1
+				break
+			}
+			taken, others, err = append(taken, t...), append(others, o...), nil
+		}
+		if err == nil && len(waiting) > 0 {
+			k.o.Log.Info().Strs("leases", waiting).Msg("takeover waits for the previous holder's transactions; retrying")
+		}
+	}
+	if err == nil {
+		return taken, others, false
+	}
+	if ctx.Err() == nil {
+		switch {
+		case pg.SQLState(err) == "55P03":
+			k.o.Log.Info().Strs("leases", toTake).Msg("takeover waits for the previous holder's transactions; retrying")
+		case fault.Has(pg.Translate(err), fault.Unavailable):
+			k.roundFailed(err, "lease acquisition failed")
+			unreachable = true
+		default:
+			k.o.Log.Warn().Err(err).Msg("lease acquisition failed")
+		}
+	}
+	return taken, others, unreachable
+}
+
+// takeTx takes names in one transaction, waiting at most lockTimeout for
+// the previous holders' fenced transactions.
+func (k *Keeper) takeTx(ctx context.Context, names []string, lockTimeout time.Duration) (taken []Acquired, others []holding, err error) {
+	err = pg.InTx(ctx, k.o.DB, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", max(lockTimeout.Milliseconds(), 1))); err != nil {
 			return err
 		}
-		got, err := acquireMany(ctx, tx, toTake, k.o.Owner, k.o.TTL)
+		got, err := acquireMany(ctx, tx, names, k.o.Owner, k.o.TTL)
 		if err != nil {
 			return err
 		}
@@ -370,21 +415,10 @@ func (k *Keeper) takeWanted(ctx context.Context, toTake []string) (taken []Acqui
 		}
 		return nil
 	})
-	if err == nil {
-		return taken, others, false
+	if err != nil {
+		return nil, nil, err
 	}
-	if ctx.Err() == nil {
-		switch {
-		case pg.SQLState(err) == "55P03":
-			k.o.Log.Info().Strs("leases", toTake).Msg("takeover waits for the previous holder's transactions; retrying")
-		case fault.Has(pg.Translate(err), fault.Unavailable):
-			k.roundFailed(err, "lease acquisition failed")
-			unreachable = true
-		default:
-			k.o.Log.Warn().Err(err).Msg("lease acquisition failed")
-		}
-	}
-	return nil, nil, unreachable
+	return taken, others, nil
 }
 
 // sampleClock re-samples the clock anchor; unreachable says this round already
