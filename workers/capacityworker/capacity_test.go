@@ -148,9 +148,11 @@ func TestReleaseRacesExpiry(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				// Not a wait: spreads the releases over the expiry jobs' runs
-				// (due 0.5 s after each reservation, in real time).
-				time.Sleep(time.Duration(i%8) * 150 * time.Millisecond)
+				// Not a wait: spreads the releases over the expiry jobs' runs,
+				// due 0.5 s after each reservation in real time and inserted
+				// scheduled, so River promotes them within its scheduler's
+				// 5 s: the releases span 0 to 5.75 s.
+				time.Sleep(time.Duration(i) * 250 * time.Millisecond)
 				err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 					_, err := capacity.ReleaseTx(ctx, tx, &capacity.ReleaseParams{ReservationID: id})
 					return err
