@@ -136,7 +136,9 @@ func runBatch(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.Jo
 
 // failKey gives key, whose reconcile failed with cause on its own, a River job of
 // its own, retryable after River's backoff for a first attempt, with cause
-// (secrets removed) as that attempt's error.
+// (secrets removed) as that attempt's error. For a batch job's key it fences
+// the lease and the job; for a key a batch took (row.ID < 0, no job), the
+// lease alone, and the key's row must still be waiting.
 func failKey(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, key string, cause error) error {
 	args, err := json.Marshal(jobs.Reconcile{Reconciler: rec.Kind, Key: key})
 	if err != nil {
@@ -147,11 +149,21 @@ func failKey(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.Job
 	msg := rt.redactErr(cause).Error()
 	rt.log.Warn().Str("reconciler", rec.Kind).Str("key", key).Str("error", msg).Time("retry_at", at).
 		Msg("reconcile failed; the key retries as its own job")
+	var batch any = row.ID
+	if row.ID < 0 {
+		batch = nil
+	}
 	return fencedTx(ctx, rt, l, row, func(ctx context.Context, tx pgx.Tx) error {
-		if err := fenceJob(ctx, tx, l, row); err != nil {
+		var err error
+		if row.ID < 0 {
+			err = lease.FenceTx(ctx, tx, l)
+		} else {
+			err = fenceJob(ctx, tx, l, row)
+		}
+		if err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, jobs.FailKeySQL, row.ID, rec.Kind, key, row.Queue, string(args), msg, at, now,
+		_, err = tx.Exec(ctx, jobs.FailKeySQL, batch, rec.Kind, key, row.Queue, string(args), msg, at, now,
 			rt.owner, at.Sub(now).Seconds())
 		return err
 	})

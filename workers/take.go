@@ -2,7 +2,6 @@ package workers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -181,33 +180,10 @@ func (rt *Runtime) runTaken(ctx context.Context, l lease.Lease, row *rivertype.J
 			return took, err
 		}
 		rec := rt.o.Registry.reconcilers[b.kind]
-		if err := failTakenKey(ctx, rt, l, row, rec, ke.key, ke.err); err != nil {
+		if err := failKey(ctx, rt, l, row, rec, ke.key, ke.err); err != nil {
 			return took, err
 		}
 	}
-}
-
-// failTakenKey is failKey for a key a batch took: in a transaction fenced by
-// the lease alone, the key gets its own River job, if its row is still
-// waiting.
-func failTakenKey(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, key string, cause error) error {
-	args, err := json.Marshal(jobs.Reconcile{Reconciler: rec.Kind, Key: key})
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	at := (&river.DefaultClientRetryPolicy{}).NextRetry(&rivertype.JobRow{Attempt: 1, AttemptedAt: &now})
-	msg := rt.redactErr(cause).Error()
-	rt.log.Warn().Str("reconciler", rec.Kind).Str("key", key).Str("error", msg).Time("retry_at", at).
-		Msg("reconcile failed; the key retries as its own job")
-	return fencedTx(ctx, rt, l, row, func(ctx context.Context, tx pgx.Tx) error {
-		if err := lease.FenceTx(ctx, tx, l); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, jobs.FailKeySQL, nil, rec.Kind, key, row.Queue, string(args), msg, at, now,
-			rt.owner, at.Sub(now).Seconds())
-		return err
-	})
 }
 
 // runTaken is run for a batch that takes its keys: the take (which fences
