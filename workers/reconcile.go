@@ -110,26 +110,34 @@ func (w *batchWorker) Work(ctx context.Context, job *river.Job[jobs.ReconcileBat
 }
 
 // runBatch reconciles every key whose dirty row points at batch job row, in one
-// fenced transaction that completes the job. If a key fails, that transaction
-// is rolled back, the failing key leaves the batch for a River job of its own
-// (retried with River's backoff), and the rest is redone, in one transaction
-// again.
+// fenced transaction that completes the job (redoKeys).
 func runBatch(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.JobRow, rec *Reconciler) error {
-	var b batchRun
+	_, err := redoKeys(ctx, rt, l, row, &batchRun{}, rec)
+	return err
+}
+
+// redoKeys runs b's transaction (a batch job's keys, or with b.take the keys
+// the batch takes, of the reconciler it finds, rec nil). If a key fails, that
+// transaction is rolled back, the failing key leaves the batch for a River job
+// of its own (retried with River's backoff), and the rest is redone, in one
+// transaction again. It reports whether a transaction had keys of its own.
+func redoKeys(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.JobRow, b *batchRun, rec *Reconciler) (bool, error) {
+	had := false
 	for {
-		err := b.tx(ctx, rt, l, row, rec, "", true)
+		err := b.tx(ctx, rt, l, row, rec, "", rec != nil)
+		had = had || rec != nil || b.kind != ""
 		var ke *keyError
-		if !errors.As(err, &ke) {
-			return err
+		if !errors.As(err, &ke) || ctx.Err() != nil {
+			// (A cancelled attempt, not the key: nothing committed, and the
+			// batch goes back whole.)
+			return had, err
 		}
-		if ctx.Err() != nil {
-			// The attempt itself was cancelled (the stop grace ended, or the
-			// lease was lost), not the key: nothing committed, and the batch
-			// goes back whole.
-			return err
+		failing := rec
+		if failing == nil {
+			failing = rt.o.Registry.reconcilers[b.kind]
 		}
-		if err := failKey(ctx, rt, l, row, rec, ke.key, ke.err); err != nil {
-			return err
+		if err := failKey(ctx, rt, l, row, failing, ke.key, ke.err); err != nil {
+			return had, err
 		}
 	}
 }
@@ -228,7 +236,6 @@ type batchRun struct {
 func (b *batchRun) tx(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, only string, complete bool) error {
 	err := inTxRetrying(ctx, rt, row, l, func(ctx context.Context, tx pgx.Tx) error {
 		if b.take != nil {
-			b.restart()
 			return b.runTaken(ctx, rt, tx, l, row)
 		}
 		return b.run(ctx, rt, tx, l, row, rec, only, complete)

@@ -2,7 +2,6 @@ package workers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -147,7 +146,7 @@ func (rt *Runtime) takeBatch(l lease.Lease, queue string, t *taking) {
 		cancel(nil)
 	}()
 	start := time.Now()
-	took, err := rt.runTaken(ctx, l, row, t)
+	took, err := redoKeys(ctx, rt, l, row, &batchRun{take: t}, nil)
 	if err == nil && !took {
 		return // nothing was due
 	}
@@ -163,33 +162,11 @@ func (rt *Runtime) takeBatch(l lease.Lease, queue string, t *taking) {
 	rt.metrics.jobDone(jobs.ReconcileBatchKind, queue, outcome, time.Since(start))
 }
 
-// runTaken runs the batch's transaction; if a key fails, that transaction is
-// rolled back, the failing key leaves for a River job of its own (retried
-// with River's backoff), and the batch takes its keys again, in one
-// transaction again. It reports whether the batch took any key.
-func (rt *Runtime) runTaken(ctx context.Context, l lease.Lease, row *rivertype.JobRow, t *taking) (bool, error) {
-	b := batchRun{take: t}
-	took := false
-	for {
-		err := b.tx(ctx, rt, l, row, nil, "", false)
-		took = took || b.kind != ""
-		var ke *keyError
-		if !errors.As(err, &ke) || ctx.Err() != nil {
-			// (A cancelled attempt, not the key: nothing committed, and the
-			// keys wait for the next batch.)
-			return took, err
-		}
-		rec := rt.o.Registry.reconcilers[b.kind]
-		if err := failKey(ctx, rt, l, row, rec, ke.key, ke.err); err != nil {
-			return took, err
-		}
-	}
-}
-
 // runTaken is run for a batch that takes its keys: the take (which fences
 // the lease), each reconcile, then one round trip that deletes the rows
 // still at the gen read and keeps the others waiting.
 func (b *batchRun) runTaken(ctx context.Context, rt *Runtime, tx pgx.Tx, l lease.Lease, row *rivertype.JobRow) error {
+	b.restart()
 	kind, claimed, links, err := b.take.take(ctx, tx, l)
 	b.kind = kind
 	if err != nil {
