@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 
 	"github.com/bettercompute/bettercompute/platform/pg"
@@ -50,6 +51,31 @@ const (
 	FenceLeaseLost = 1
 	FenceJobStale  = 2
 )
+
+// The SQLSTATEs a function that fences as FenceSQL does raises when a fence
+// does not hold (compute_workflow_lock, migrations/workflow/0005): its
+// transaction is aborted, and FenceRaised gives the FenceSQL result it stands
+// for.
+const (
+	fenceLeaseLostState = "BCF01"
+	fenceJobStaleState  = "BCF02"
+)
+
+// FenceRaised is the FenceSQL result that err, from a statement that fences
+// and raises (see fenceLeaseLostState), stands for: FenceLeaseLost or
+// FenceJobStale and nil, or FenceHeld and err itself.
+func FenceRaised(err error) (int, error) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case fenceLeaseLostState:
+			return FenceLeaseLost, nil
+		case fenceJobStaleState:
+			return FenceJobStale, nil
+		}
+	}
+	return FenceHeld, err
+}
 
 // anotherAttemptRunningSQL: see AnotherAttemptRunning.
 const anotherAttemptRunningSQL = `SELECT EXISTS (SELECT 1 FROM river_job
@@ -597,23 +623,28 @@ const TraceparentKey = "traceparent"
 const StartWorkflowsSQL = `SELECT id FROM compute_workflow_start($1::text[], $2::text[], $3::jsonb[], $4::bigint[],
     $5::text, $6::bigint, $7::timestamptz, $8::text)`
 
-// AdvanceWorkflowSQL moves a workflow instance, locked by the caller's
-// transaction at seq $2, to its next state, and inserts the River job of its
-// next step when $10 says so, in one statement: $1 id, $2 seq, $3 status, $4
+// StepWorkflowSQL moves a workflow instance, locked by the caller's
+// transaction at seq $2, to its next state, inserts the River job of its next
+// step when $10 says so, and writes the history row of the step that moved it
+// when $18 names an outcome, in one statement: $1 id, $2 seq, $3 status, $4
 // step, $5 state (NULL keeps it), $6 result, $7 error, $8 wait, $9 wake_at (on
-// compute_now(); NULL for none), $10 whether a job follows, $11
-// its queue, $12 its River scheduled_at, $13 its River state, $14 its max
-// attempts, $15 the caller's cause (a traceparent or NULL: the job's
-// metadata), $16 without a job, the running job that stays the instance's
-// (an inline step: NULL otherwise). It returns the new seq and job id (NULL
-// without a job); no row means the seq moved (the caller's lock should make
-// that impossible). The function compute_workflow_advance
-// (migrations/workflow/0004_advance_function.sql), whose plan the server
-// keeps per connection: the job it inserts is WorkflowStepKind at
+// compute_now(); NULL for none), $10 whether a job follows, $11 its queue,
+// $12 its River scheduled_at, $13 its River state, $14 its max attempts, $15
+// the caller's cause (a traceparent or NULL: the job's metadata), $16 without
+// a job, the running job that stays the instance's (an inline step: NULL
+// otherwise); then the history row's $17 step run, $18 outcome (NULL: no
+// row), $19 next step, $20 attempt, $21 job and $22 lease epoch (NULL for
+// none), $23 started and $24 committed (NULL: compute_now()). It returns the
+// new seq and job id (NULL without a job); no row means the seq moved (the
+// caller's lock should make that impossible). The function
+// compute_workflow_step (migrations/workflow/0005_step_functions.sql, over
+// compute_workflow_advance of 0004), whose plan the server keeps per
+// connection: the job it inserts is WorkflowStepKind at
 // river.PriorityDefault, its cause under TraceparentKey.
-const AdvanceWorkflowSQL = `SELECT seq, job_id FROM compute_workflow_advance($1::text, $2::bigint, $3::text, $4::text,
+const StepWorkflowSQL = `SELECT seq, job_id FROM compute_workflow_step($1::text, $2::bigint, $3::text, $4::text,
     $5::jsonb, $6::jsonb, $7::text, $8::jsonb, $9::timestamptz, $10::bool, $11::text, $12::timestamptz,
-    $13::river_job_state, $14::int, $15::text, $16::bigint)`
+    $13::river_job_state, $14::int, $15::text, $16::bigint, $17::text, $18::text, $19::text, $20::int,
+    $21::bigint, $22::bigint, $23::timestamptz, $24::timestamptz)`
 
 // CompleteJobSQL completes running job $1 at $2 (River's clock: now) with
 // $3 merged into its metadata, as River's JobCompleteTx does, in a statement

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -54,7 +55,7 @@ func riverJobStatements() map[string]string {
 		"runningByAttempterSQL":        runningByAttempterSQL,
 		"oldestRunningSQL":             oldestRunningSQL,
 		"StartWorkflowsSQL":            StartWorkflowsSQL,
-		"AdvanceWorkflowSQL":           AdvanceWorkflowSQL,
+		"StepWorkflowSQL":              StepWorkflowSQL,
 		"WakeWorkflowJobSQL":           WakeWorkflowJobSQL,
 		"CompleteJobSQL":               CompleteJobSQL,
 		"HandOverWorkflowSQL":          HandOverWorkflowSQL,
@@ -386,7 +387,9 @@ func TestShardOf(t *testing.T) {
 // compute_workflow_advance (migrations/workflow/0004) spell the step job's
 // kind, attempts, priority, queue and cause in SQL; they are the ones the Go
 // side names (WorkflowStepKind, river.MaxAttemptsDefault,
-// river.PriorityDefault, ShardQueue, TraceparentKey).
+// river.PriorityDefault, ShardQueue, TraceparentKey). compute_workflow_step
+// (0005) writes the history row of the step it moves, and none when no
+// outcome is named.
 func TestWorkflowFunctionsWriteTheJobsGoExpects(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -406,12 +409,19 @@ func TestWorkflowFunctionsWriteTheJobsGoExpects(t *testing.T) {
 		require.Equal(t, []string{"w1"}, ids, "an unknown kind inserts nothing")
 		var seq int64
 		var jobID *int64
-		if err := tx.QueryRow(ctx, AdvanceWorkflowSQL, "w1", int64(1), "running", "b", nil, nil, nil, nil, nil,
-			true, "shard_0", time.Now(), "available", 7, cause, nil).Scan(&seq, &jobID); err != nil {
+		if err := tx.QueryRow(ctx, StepWorkflowSQL, "w1", int64(1), "running", "b", nil, nil, nil, nil, nil,
+			true, "shard_0", time.Now(), "available", 7, cause, nil,
+			"a", "goto", "b", 3, int64(41), int64(9), nil, nil).Scan(&seq, &jobID); err != nil {
 			return err
 		}
 		require.EqualValues(t, 2, seq)
 		require.NotNil(t, jobID)
+		if err := tx.QueryRow(ctx, StepWorkflowSQL, "w1", int64(2), "running", "b", nil, nil, nil, nil, nil,
+			false, "", time.Now(), "available", 7, nil, *jobID,
+			nil, nil, nil, 0, nil, nil, nil, nil).Scan(&seq, &jobID); err != nil {
+			return err
+		}
+		require.EqualValues(t, 3, seq)
 		return nil
 	})
 	require.NoError(t, err)
@@ -421,4 +431,71 @@ func TestWorkflowFunctionsWriteTheJobsGoExpects(t *testing.T) {
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = $1 AND max_attempts = 7
 		AND priority = $2 AND queue = 'shard_0' AND metadata->>$3 = $4 AND args->>'step' = 'b' AND (args->>'seq')::int = 2`,
 		WorkflowStepKind, river.PriorityDefault, TraceparentKey, cause))
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_workflow_history WHERE workflow_id = 'w1' AND seq = 1
+		AND step = 'a' AND outcome = 'goto' AND next_step = 'b' AND attempt = 3 AND job_id = 41 AND lease_epoch = 9
+		AND error IS NULL`))
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_workflow_history WHERE workflow_id = 'w1'`),
+		"a move with no outcome writes no history row")
+}
+
+// TestTheStepLockFencesAsFenceSQLDoes: compute_workflow_lock (migrations/
+// workflow/0005) holds or refuses as FenceSQL does, and FenceRaised reads its
+// refusals: a lease at another epoch or expired is FenceLeaseLost, a job not
+// running the attempt FenceJobStale; when both hold it returns the workflow's
+// row, and no row for a workflow that is gone.
+func TestTheStepLockFencesAsFenceSQLDoes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	db.MustExec(t, `INSERT INTO compute_leases (name, owner, epoch, expires_at) VALUES
+		('shard/1', 'w#1', 3, compute_now() + interval '1 hour'), ('shard/2', 'w#1', 3, compute_now() - interval '1 second')`)
+	db.MustExec(t, `INSERT INTO compute_workflows (id, kind, status, step, input) VALUES ('w1', 'order', 'running', 'a', '{}')`)
+	var job int64
+	require.NoError(t, db.QueryRow(ctx, `INSERT INTO river_job (args, kind, max_attempts, queue, state, attempt)
+		VALUES ('{}', 'workflow_step', 25, 'shard_1', 'running', 2) RETURNING id`).Scan(&job))
+	const lock = `SELECT id, seq FROM compute_workflow_lock($1, $2, $3, $4, $5, $6)`
+	errRefused := errors.New("refused")
+	for _, c := range []struct {
+		name    string
+		lease   string
+		epoch   int64
+		attempt int
+		id      string
+		want    int
+		found   bool
+	}{
+		{"both hold", "shard/1", 3, 2, "w1", FenceHeld, true},
+		{"the workflow is gone", "shard/1", 3, 2, "nope", FenceHeld, false},
+		{"another epoch", "shard/1", 4, 2, "w1", FenceLeaseLost, false},
+		{"an expired lease", "shard/2", 3, 2, "w1", FenceLeaseLost, false},
+		{"another attempt", "shard/1", 3, 1, "w1", FenceJobStale, false},
+	} {
+		err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+			var id string
+			var seq int64
+			err := tx.QueryRow(ctx, lock, c.lease, "w#1", c.epoch, job, c.attempt, c.id).Scan(&id, &seq)
+			if errors.Is(err, pgx.ErrNoRows) {
+				require.False(t, c.found, c.name)
+				return nil
+			}
+			got, err := FenceRaised(err)
+			require.Equal(t, c.want, got, c.name)
+			if got != FenceHeld {
+				require.NoError(t, err, c.name)
+				return errRefused // the raise aborted the transaction
+			}
+			require.NoError(t, err, c.name)
+			require.True(t, c.found, c.name)
+			require.Equal(t, []any{"w1", int64(1)}, []any{id, seq}, c.name)
+			return nil
+		})
+		if c.want != FenceHeld {
+			require.ErrorIs(t, err, errRefused, c.name)
+			continue
+		}
+		require.NoError(t, err, c.name)
+	}
+	got, err := FenceRaised(fmt.Errorf("wrapped: %w", pgx.ErrNoRows))
+	require.Equal(t, FenceHeld, got)
+	require.ErrorIs(t, err, pgx.ErrNoRows, "an error that is no fence's is returned as it is")
 }

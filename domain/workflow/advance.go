@@ -21,26 +21,27 @@ import (
 // lock an instance at a seq, decide what resumes it, plan and apply a
 // transition.
 
-// LockTx locks workflow id's row in tx for step job jobID at seq and returns
-// it, or nil when the job may no longer advance it: the workflow is gone
-// (pruned), or its seq is no longer seq and the job is not the one that runs
-// it (another step committed, or a cancel). The lock is FOR NO KEY UPDATE: it
-// excludes every other transaction that moves the instance, and no signal
-// (see SignalTx): a step may hold it as long as it runs.
+// LockFencedSQL is the first statement of a step's transaction, in one round
+// trip and with a plan the server keeps (compute_workflow_lock,
+// migrations/workflow/0005_step_functions.sql): both fences of the step's job
+// (jobs.FenceSQL: $1 lease, $2 owner, $3 epoch, $4 job id, $5 attempt), then
+// workflow $6's row locked and read; Locked reads its answer. A fence that
+// does not hold is an error jobs.FenceRaised reads.
+//
+// The lock is FOR NO KEY UPDATE: it excludes every other transaction that
+// moves the instance, and no signal (see SignalTx): a step may hold it as
+// long as it runs.
+const LockFencedSQL = `SELECT * FROM compute_workflow_lock($1::text, $2::text, $3::bigint, $4::bigint, $5::int, $6::text)`
+
+// Locked is the instance a step job jobID, created for seq, locked with
+// LockFencedSQL (row, its answer), or nil when the job may no longer advance
+// it: the workflow is gone (pruned), or its seq is no longer seq and the job
+// is not the one that runs it (another step committed, or a cancel).
 //
 // A job that ran several steps in a row (inline: see the package doc) stays
 // the instance's job (its job_id) while its seq moves on; an attempt of that
 // job after a crash resumes at the instance's seq, the first step not
 // committed.
-func LockTx(ctx context.Context, tx pgx.Tx, id string, seq, jobID int64) (*Info, error) {
-	return Locked(tx.QueryRow(ctx, LockSQL, id), id, seq, jobID)
-}
-
-// LockSQL is LockTx's statement ($1 the workflow id), for a caller that sends
-// it in a batch with other statements; Locked reads its row.
-const LockSQL = lockInfoSQL
-
-// Locked is LockTx's answer from row, the result of LockSQL.
 func Locked(row pgx.Row, id string, seq, jobID int64) (*Info, error) {
 	i, err := scanInfo(row)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -334,10 +335,6 @@ func FailTransition(i *Info, step, onError, queue string, attempts int, err stri
 	return Transition{Status: Failed, Step: step, RanStep: step, Error: err, Outcome: "failed"}
 }
 
-const historySQL = `INSERT INTO compute_workflow_history
-    (workflow_id, seq, step, outcome, next_step, attempt, job_id, lease_epoch, started_at, committed_at, error)
-VALUES ($1, $2, $3, $4, NULLIF($5, ''), $6, NULLIF($7, 0), NULLIF($8, 0), coalesce($9, compute_now()), coalesce($11, compute_now()), NULLIF($10, ''))`
-
 const consumeSQL = `UPDATE compute_workflow_signals SET consumed_at = compute_now(), consumed_seq = $3
 WHERE id = $1 AND workflow_id = $2 AND consumed_at IS NULL`
 
@@ -383,31 +380,40 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, i *Info, t Transition) (int64, er
 	if maxAttempts <= 0 {
 		maxAttempts = DefaultAttempts
 	}
-	// One round trip: the instance's move and its next job, the history row,
-	// the consumed signal, and a finished child's wake-up of its parent (after
-	// locking the parent, in a statement of its own so that it sees the
-	// parent's committed wait).
+	// One round trip: the instance's move, its next job and the history row
+	// in one statement (jobs.StepWorkflowSQL), the consumed signal, and a
+	// finished child's wake-up of its parent (after locking the parent, in a
+	// statement of its own so that it sees the parent's committed wait).
 	b := &pgx.Batch{}
 	var keep any
 	if t.KeepJob != 0 && !t.Job {
 		keep = t.KeepJob
 	}
-	b.Queue(jobs.AdvanceWorkflowSQL, i.ID, i.Seq, string(t.Status), t.Step, state, result, errText, wait,
-		t.WakeAt, t.Job, t.Queue, t.RunAt, jobState, maxAttempts, tracing.CauseOrNil(ctx), keep)
+	var ran, outcome, next, started, committed, ranJob, epoch any
 	if t.Outcome != "" {
-		var started, committed any
+		outcome, ran = t.Outcome, t.RanStep
+		if t.RanStep == "" {
+			ran = i.Step
+		}
+		if t.NextStep != "" {
+			next = t.NextStep
+		}
 		if !t.StartedAt.IsZero() {
 			started = t.StartedAt
 		}
 		if !t.CommittedAt.IsZero() {
 			committed = t.CommittedAt
 		}
-		ran := t.RanStep
-		if ran == "" {
-			ran = i.Step
+		if t.JobID != 0 {
+			ranJob = t.JobID
 		}
-		b.Queue(historySQL, i.ID, i.Seq, ran, t.Outcome, t.NextStep, t.Attempt, t.JobID, t.LeaseEpoch, started, errText, committed)
+		if t.LeaseEpoch != 0 {
+			epoch = t.LeaseEpoch
+		}
 	}
+	b.Queue(jobs.StepWorkflowSQL, i.ID, i.Seq, string(t.Status), t.Step, state, result, errText, wait,
+		t.WakeAt, t.Job, t.Queue, t.RunAt, jobState, maxAttempts, tracing.CauseOrNil(ctx), keep,
+		ran, outcome, next, t.Attempt, ranJob, epoch, started, committed)
 	if t.ConsumeSignal != nil {
 		b.Queue(consumeSQL, t.ConsumeSignal.id, i.ID, i.Seq)
 	}

@@ -205,27 +205,17 @@ func (e *exec) args() jobs.WorkflowStep {
 	return a
 }
 
-// lock fences tx and locks the instance at the current seq, in one round
-// trip; nil (and no error) when the job may no longer advance it (LockTx).
-// On a job's attempt after a crash in the middle of its inline steps, it
-// moves the execution to the instance's seq.
+// lock fences tx and locks the instance at the current seq, in one statement
+// (workflow.LockFencedSQL); nil (and no error) when the job may no longer
+// advance it (workflow.Locked). On a job's attempt after a crash in the
+// middle of its inline steps, it moves the execution to the instance's seq.
 func (e *exec) lock(ctx context.Context, tx pgx.Tx, f workers.Fence) (*workflow.Info, error) {
-	b := &pgx.Batch{}
-	b.Queue(jobs.FenceSQL, f.Args()...)
-	b.Queue(workflow.LockSQL, e.job.Args.WorkflowID)
-	res := tx.SendBatch(ctx, b)
-	var got int
-	err := res.QueryRow().Scan(&got)
-	if err = f.Check(got, err); err != nil {
-		_ = res.Close()
-		return nil, err
-	}
-	inst, err := workflow.Locked(res.QueryRow(), e.job.Args.WorkflowID, e.seq, e.job.ID)
+	id := e.job.Args.WorkflowID
+	inst, err := workflow.Locked(tx.QueryRow(ctx, workflow.LockFencedSQL, append(f.Args(), id)...), id, e.seq, e.job.ID)
 	e.lockedAt = time.Now()
-	if cerr := res.Close(); err == nil && cerr != nil {
-		err = pg.Translate(cerr)
-	}
-	if err != nil || inst == nil {
+	if got, err := jobs.FenceRaised(err); got != jobs.FenceHeld {
+		return nil, f.Check(got, nil)
+	} else if err != nil || inst == nil {
 		return nil, err
 	}
 	e.seq = inst.Seq
