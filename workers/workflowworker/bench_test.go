@@ -40,7 +40,6 @@ const (
 	benchRate    = 100
 	benchWarmup  = 50 // workflows (or signals) of the latency benchmarks not measured
 	benchTimeout = 3 * time.Minute
-	benchDoneCh  = "bench_wf_done"
 	benchStepDDL = `CREATE TABLE bench_wf_steps (id text NOT NULL, step int NOT NULL,
 		at timestamptz NOT NULL DEFAULT clock_timestamp(), PRIMARY KEY (id, step))`
 	benchStepSQL = `INSERT INTO bench_wf_steps (id, step) VALUES ($1, $2)`
@@ -371,44 +370,34 @@ func benchSteps(b *testing.B, poll time.Duration) {
 	}
 }
 
-// benchListener records when each NOTIFY on benchDoneCh arrives (after the
-// notifying transaction committed), by payload.
+// benchListener records when each workflow's last step committed, by
+// workflow id: its done, called in that step's transaction, records the time
+// once the transaction has committed (pg.AfterCommit, in this process, as
+// DBOS's side takes its clock in its process). Before, the last step sent a
+// NOTIFY, which cost the server a global lock at each COMMIT and a listening
+// backend, and so charged the instrument to our side's CPU and throughput.
 type benchListener struct {
-	mu   sync.Mutex
-	at   map[string]time.Time
-	stop func()
+	mu sync.Mutex
+	at map[string]time.Time
 }
 
-func benchListen(b *testing.B, url string) *benchListener {
-	ctx, cancel := context.WithCancel(context.Background())
-	conn, err := pgx.Connect(ctx, url)
-	require.NoError(b, err)
-	_, err = conn.Exec(ctx, "LISTEN "+benchDoneCh)
-	require.NoError(b, err)
-	l := &benchListener{at: map[string]time.Time{}}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			nt, err := conn.WaitForNotification(ctx)
-			if err != nil {
-				return
-			}
-			now := time.Now()
-			l.mu.Lock()
-			if _, ok := l.at[nt.Payload]; !ok {
-				l.at[nt.Payload] = now
-			}
-			l.mu.Unlock()
-		}
-	}()
-	l.stop = func() {
-		cancel()
-		<-done
-		_ = conn.Close(context.Background())
+func benchListen() *benchListener { return &benchListener{at: map[string]time.Time{}} }
+
+// done records workflow id's end once tx commits.
+func (l *benchListener) done(_ context.Context, tx pgx.Tx, id string) error {
+	if !pg.AfterCommit(tx, func() { l.record(id) }) {
+		return fmt.Errorf("the step's transaction of workflow %s does not tell its commit", id)
 	}
-	b.Cleanup(l.stop)
-	return l
+	return nil
+}
+
+func (l *benchListener) record(id string) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.at[id]; !ok {
+		l.at[id] = now
+	}
 }
 
 func (l *benchListener) get(id string) (time.Time, bool) {
@@ -422,11 +411,6 @@ func (l *benchListener) count() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.at)
-}
-
-func benchNotify(ctx context.Context, tx pgx.Tx, id string) error {
-	_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, benchDoneCh, id)
-	return err
 }
 
 // benchPaced calls f(i) for i in [0, n), each on its own goroutine, one every
@@ -519,9 +503,8 @@ func benchMs(ds []time.Duration, q float64) float64 {
 // transactional steps (as BenchmarkWorkflowSteps'), one started every 10 ms
 // (100 workflows/s, each start its own transaction), River poll-only at the
 // poll interval the sub-benchmark names. A workflow's latency runs from its
-// start's commit (pg.InTx returned) to the arrival of the NOTIFY its last step
-// sends in its transaction (delivered only once that commits): wall clock, both
-// on this machine. The first benchWarmup workflows are not measured; b.N is
+// start's commit (pg.InTx returned) to its last step's commit (benchListener):
+// wall clock, both in this process. The first benchWarmup workflows are not measured; b.N is
 // the number measured, and the timer runs from the first of them until every
 // workflow has finished (so ns/op is about the 10 ms pacing). It reports p50,
 // p99 and the largest in ms, and with -v logs where the time goes per step
@@ -539,8 +522,8 @@ func benchLatency(b *testing.B, poll time.Duration) {
 	ctx := context.Background()
 	db := pgtest.New(b)
 	db.MustExec(b, benchStepDDL)
-	l := benchListen(b, db.URL)
-	wf := benchStepsWorkflow("bench_latency", benchNotify)
+	l := benchListen()
+	wf := benchStepsWorkflow("bench_latency", l.done)
 	reg := workers.NewRegistry()
 	require.NoError(b, workflowworker.Add(reg, wf))
 	workertest.Start(b, db.Pool, reg, benchOpts(poll))
@@ -589,8 +572,7 @@ func benchLatency(b *testing.B, poll time.Duration) {
 // (SignalTx, each its own transaction), River poll-only at the poll interval
 // the sub-benchmark names. resume is from the signal's commit (pg.InTx
 // returned) to the entry of the resumed step's function (inside its fenced
-// transaction); commit is to the arrival of the NOTIFY that step sends in its
-// transaction. The first benchWarmup signals are not measured; b.N is the
+// transaction); commit is to that step's commit (benchListener). The first benchWarmup signals are not measured; b.N is the
 // number measured, and the timer runs from the first of them until every
 // resumed step has committed.
 //
@@ -605,7 +587,7 @@ func benchSignalLatency(b *testing.B, poll time.Duration) {
 	b.StopTimer()
 	ctx := context.Background()
 	db := pgtest.New(b)
-	l := benchListen(b, db.URL)
+	l := benchListen()
 	var entered sync.Map // id -> time.Time of the resumed step's first entry
 	wf := &workflow.Workflow[struct{}, int, int]{
 		Kind: "bench_signal",
@@ -618,7 +600,7 @@ func benchSignalLatency(b *testing.B, poll time.Duration) {
 				if c.Signal == nil {
 					return workflow.Next{}, fmt.Errorf("resumed without a signal")
 				}
-				return workflow.Finish(1), benchNotify(ctx, tx, c.WorkflowID)
+				return workflow.Finish(1), l.done(ctx, tx, c.WorkflowID)
 			}},
 			{Name: "timeout", Tx: func(ctx context.Context, tx pgx.Tx, c *workflow.Call[int]) (workflow.Next, error) {
 				return workflow.Fail("timed out"), nil

@@ -41,8 +41,8 @@ import (
 //
 // Ours: 16 shards with benchWorkersPerShard workers each, River poll-only at
 // config.DefaultPollInterval; each start is its own transaction (pg.InTx and
-// StartTx), and a workflow is done when the NOTIFY its last step sends in its
-// transaction arrives. DBOS: each start is one RunWorkflow (in process), or one
+// StartTx), and a workflow is done when its last step's transaction has
+// committed (benchListener: in process, as DBOS's clock). DBOS: each start is one RunWorkflow (in process), or one
 // enqueue on a DBOS queue polled at the same interval (latency_queue), and a
 // workflow is done when its last step returned (committed), the workflow
 // function's clock. Both pools have benchStepsConns connections.
@@ -86,7 +86,7 @@ type benchDBOSPeer struct {
 // benchVsOurs are our figures in one sub-benchmark of BenchmarkWorkflowVsDBOS.
 type benchVsOurs struct {
 	wfPerS float64         // throughput only
-	lat    []time.Duration // start's commit → the last step's NOTIFY, per workflow
+	lat    []time.Duration // start's commit → the last step's commit, per workflow
 	gaps   []time.Duration // between consecutive steps' rows
 	goMs   float64         // CPU ms per workflow of this process
 	pgMs   float64         // and of the server (-1: unknown)
@@ -153,13 +153,13 @@ func benchVsDBOS(b *testing.B, bin, mode string, queue bool) {
 }
 
 // benchVsOursStart starts our side of a sub-benchmark: a fresh database with
-// bench_wf_steps, a listener of the last steps' NOTIFYs and a runtime at
+// bench_wf_steps, a record of the last steps' commits and a runtime at
 // config.DefaultPollInterval; start starts workflow id in its own transaction.
 func benchVsOursStart(b *testing.B) (db *pgtest.DB, l *benchListener, start func(id string) error) {
 	db = pgtest.New(b, pgtest.Options{MaxConns: int32(benchStepsConns)})
 	db.MustExec(b, benchStepDDL)
-	l = benchListen(b, db.URL)
-	wf := benchStepsWorkflow("bench_vs_dbos", benchNotify)
+	l = benchListen()
+	wf := benchStepsWorkflow("bench_vs_dbos", l.done)
 	reg := workers.NewRegistry()
 	require.NoError(b, workflowworker.Add(reg, wf))
 	workertest.Start(b, db.Pool, reg, benchOpts(config.DefaultPollInterval))
