@@ -308,7 +308,7 @@ type SignalResult struct {
 // seen before.
 //
 // FOR KEY SHARE, not a stronger mode: a step holds the row FOR NO KEY UPDATE
-// for its whole transaction (LockTx), which FOR KEY SHARE does not conflict
+// for its whole transaction (LockFencedSQL), which FOR KEY SHARE does not conflict
 // with, so a signal never waits for a step in progress, not even one whose
 // process is paused mid-transaction. What the lock does do is make the COMMIT
 // of a step that waits for a signal, or that finishes the workflow, wait for
