@@ -98,11 +98,7 @@ func (rt *Runtime) waitOutLiveAttempt(ctx context.Context, job *rivertype.JobRow
 	if job.AttemptedAt == nil {
 		return
 	}
-	limit := cmpOr(rt.o.JobTimeout, river.JobTimeoutDefault)
-	if limit < 0 {
-		limit = river.JobTimeoutDefault
-	}
-	deadline := time.NewTimer(limit)
+	deadline := time.NewTimer(rt.o.jobTimeout())
 	defer deadline.Stop()
 	wait := 50 * time.Millisecond
 	for logged := false; ; {

@@ -395,7 +395,7 @@ func (rt *Runtime) claimLoop(shard int, wake <-chan struct{}) {
 		running.Wait()
 		rt.claimLoopDone(shard)
 	}()
-	kinds, sizes, _ := rt.o.Registry.claimKinds()
+	kinds, sizes := rt.o.Registry.claimKinds()
 	queue := jobs.ShardQueue(shard)
 	name := ShardLease(shard)
 	flight := &inFlight{keys: map[takeKey]struct{}{}}

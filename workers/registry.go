@@ -255,15 +255,13 @@ func AddReconciler(r *Registry, rec Reconciler) error {
 }
 
 // claimKinds are the registered reconciler kinds with their batch sizes
-// (aligned), and the largest batch size: what a shard's claim takes.
-func (r *Registry) claimKinds() (kinds []string, sizes []int, limit int) {
+// (aligned): what a shard's batches take.
+func (r *Registry) claimKinds() (kinds []string, sizes []int) {
 	for _, k := range r.order {
 		kinds = append(kinds, k)
-		b := r.reconcilers[k].batch()
-		sizes = append(sizes, b)
-		limit = max(limit, b)
+		sizes = append(sizes, r.reconcilers[k].batch())
 	}
-	return kinds, sizes, limit
+	return kinds, sizes
 }
 
 // Reconcilers returns the registered reconciler kinds in registration order.

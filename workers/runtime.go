@@ -364,6 +364,10 @@ func (rt *Runtime) newKeeper() *lease.Keeper {
 	})
 }
 
+// jobTimeout is how long a job (or a batch run as one) may run: JobTimeout,
+// or River's default when it is not set.
+func (o *Options) jobTimeout() time.Duration { return cmpOr(o.JobTimeout, river.JobTimeoutDefault) }
+
 func cmpOr(d, def time.Duration) time.Duration {
 	if d > 0 {
 		return d

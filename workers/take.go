@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/bettercompute/bettercompute/domain/lease"
@@ -131,14 +130,10 @@ func (rt *Runtime) takeBatch(l lease.Lease, queue string, t *taking) {
 		t.release()
 		t.flight.mu.Unlock()
 	}()
-	timeout := rt.o.JobTimeout
-	if timeout <= 0 {
-		timeout = river.JobTimeoutDefault
-	}
 	now := time.Now()
 	row := &rivertype.JobRow{ID: -takeSeq.Add(1), Attempt: 1, AttemptedAt: &now, Queue: queue, Kind: jobs.ReconcileBatchKind}
 	ctx, cancel := context.WithCancelCause(context.WithValue(rt.runCtx, runtimeKey{}, rt))
-	ctx, cancelTimeout := context.WithTimeout(ctx, timeout)
+	ctx, cancelTimeout := context.WithTimeout(ctx, rt.o.jobTimeout())
 	rt.track(queue, row.ID, cancel)
 	defer func() {
 		rt.untrack(queue, row.ID)

@@ -152,7 +152,7 @@ func (o *Options) idleQueuePoll() time.Duration {
 // statement a poll interval, not one per shard.
 func (rt *Runtime) scoutLoop() {
 	defer rt.claimWG.Done()
-	kinds, _, _ := rt.o.Registry.claimKinds()
+	kinds, _ := rt.o.Registry.claimKinds()
 	t := time.NewTicker(rt.o.PollInterval)
 	defer t.Stop()
 	for {
