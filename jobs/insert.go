@@ -22,36 +22,6 @@ var (
 	inserterErr  error
 )
 
-// InsertForKeyTx inserts a River job of an application's fenced kind (one
-// registered with workers.AddWorker) in the caller's transaction, into the
-// shard queue key picks: the shard of key (ShardOf, as DirtyTx and workflows
-// route), whose lease holder works it and fences its writes. If tx rolls back,
-// so does the job. opts may set anything but the queue (nil for River's
-// defaults and the args' own InsertOpts); a queue other than the key's shard
-// queue is INVALID_ARGUMENT, and so is a key that is empty, longer than
-// MaxKeyLen, not valid UTF-8 or holding a NUL byte (refused before any
-// statement is sent: tx stays usable).
-//
-//	_, err := jobs.InsertForKeyTx(ctx, tx, orderID, ShipArgs{OrderID: orderID}, nil)
-func InsertForKeyTx(ctx context.Context, tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error) {
-	if err := checkKey("InsertForKeyTx (the key picks the job's shard)", key); err != nil {
-		return nil, err
-	}
-	queue, err := ShardQueueOfTx(ctx, tx, key)
-	if err != nil {
-		return nil, pg.Translate(fmt.Errorf("error reading the shard count: %w", err))
-	}
-	o := river.InsertOpts{}
-	if opts != nil {
-		o = *opts
-	}
-	if o.Queue != "" && o.Queue != queue {
-		return nil, invalid("InsertForKeyTx: opts.Queue is %s, but key %q belongs to %s (leave Queue empty: the key picks it)", o.Queue, key, queue)
-	}
-	o.Queue = queue
-	return InsertTx(ctx, tx, args, &o)
-}
-
 // InsertTx inserts a River job in the caller's transaction: if tx rolls back, so
 // does the job. It needs no running client (domain code and applications use it
 // inside their own transactions); worker processes pick the job up by its queue.

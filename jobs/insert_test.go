@@ -15,6 +15,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/platform/tracing"
+	"github.com/bettercompute/bettercompute/workers"
 )
 
 type shipArgs struct {
@@ -36,7 +37,7 @@ func TestInsertForKeyTxRoutesByKey(t *testing.T) {
 	for _, key := range []string{"order-1", "order-2", "order-3", "order-4"} {
 		var queue string
 		require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-			res, err := jobs.InsertForKeyTx(ctx, tx, key, shipArgs{OrderID: key}, &river.InsertOpts{Priority: 2})
+			res, err := workers.InsertForKeyTx(ctx, tx, key, shipArgs{OrderID: key}, &river.InsertOpts{Priority: 2})
 			if err == nil {
 				queue = res.Job.Queue
 				require.Equal(t, 2, res.Job.Priority, "the other options are kept")
@@ -56,7 +57,7 @@ func TestInsertForKeyTxRoutesByKey(t *testing.T) {
 	}
 	for _, b := range bad {
 		err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-			_, err := jobs.InsertForKeyTx(ctx, tx, b.key, shipArgs{}, b.opts)
+			_, err := workers.InsertForKeyTx(ctx, tx, b.key, shipArgs{}, b.opts)
 			return err
 		})
 		require.True(t, fault.Has(err, fault.InvalidArgument), "key %q opts %+v: %v", b.key, b.opts, err)
@@ -120,7 +121,7 @@ func TestInsertTxRecordsTheRequestsTrace(t *testing.T) {
 
 	insert := func(ctx context.Context, key string, md []byte) error {
 		return pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-			_, err := jobs.InsertForKeyTx(ctx, tx, key, shipArgs{OrderID: key}, &river.InsertOpts{Metadata: md})
+			_, err := workers.InsertForKeyTx(ctx, tx, key, shipArgs{OrderID: key}, &river.InsertOpts{Metadata: md})
 			return err
 		})
 	}

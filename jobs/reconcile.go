@@ -65,12 +65,12 @@ func ValidateKind(kind string) error {
 	return nil
 }
 
-// MaxKeyLen is the longest key DirtyTx and InsertForKeyTx accept.
+// MaxKeyLen is the longest key workers.DirtyTx and workers.InsertForKeyTx accept.
 const MaxKeyLen = 512
 
-// checkKey is INVALID_ARGUMENT, prefixed with what, for a key that is empty,
+// CheckKey is INVALID_ARGUMENT, prefixed with what, for a key that is empty,
 // longer than MaxKeyLen, or not text PostgreSQL stores (fault.CheckText).
-func checkKey(what, key string) error {
+func CheckKey(what, key string) error {
 	if key == "" || len(key) > MaxKeyLen {
 		return invalid("%s: key must be 1 to %d bytes, got %d", what, MaxKeyLen, len(key))
 	}
@@ -113,50 +113,6 @@ const MaintenanceQueue = "better_compute"
 // is scheduled. River promotes scheduled jobs only every 5 s, which would make a
 // short delay up to 5 s late.
 const ScheduledAfter = 5 * time.Second
-
-// DirtyOpts are DirtyTx's options.
-type DirtyOpts struct {
-	// Delay: the key is not reconciled before compute_now() + Delay. If the key is
-	// already waiting, the earlier of the two times wins.
-	Delay time.Duration
-}
-
-// DirtyTx marks key of reconciler kind as needing a reconcile, in tx: see the package
-// doc. If tx rolls back, so does the mark. It is one statement, the SQL function
-// compute_mark_dirty (which triggers and other languages call the same way). It
-// returns INVALID_ARGUMENT for a kind that is not [a-z][a-z0-9_]{0,62} or a key
-// that is empty, longer than MaxKeyLen, not valid UTF-8 or holds a NUL byte,
-// before any statement is sent: tx stays usable.
-//
-// The span of ctx, if sampled, is recorded as a cause of the key's next
-// reconcile (tracing.Cause; see "Trace context" in the package doc).
-func DirtyTx(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) error {
-	if err := ValidateKind(kind); err != nil {
-		return err
-	}
-	if err := checkKey("dirty "+kind, key); err != nil {
-		return err
-	}
-	var delay time.Duration
-	if opts != nil && opts.Delay > 0 {
-		delay = opts.Delay
-	}
-	if delay > MaxDirtyDelay {
-		return invalid("dirty %s: delay %s is longer than %s", kind, delay, MaxDirtyDelay)
-	}
-	if _, err := tx.Exec(ctx, markDirtySQL, kind, key, delay.Seconds(), int64(KeyHash(key)), tracing.CauseOrNil(ctx)); err != nil {
-		return fmt.Errorf("error marking %s/%s dirty: %w", kind, key, err)
-	}
-	return nil
-}
-
-// MaxDirtyDelay is the longest DirtyOpts.Delay: 100 years, as compute_mark_dirty.
-const MaxDirtyDelay = 3155760000 * time.Second
-
-// markDirtySQL calls compute_mark_dirty (migrations/core/0009_dirty_trace.sql):
-// $1 kind, $2 key, $3 delay (s), $4 KeyHash(key), $5 the caller's cause (a
-// traceparent, or NULL: then the transaction's bettercompute.traceparent).
-const markDirtySQL = `SELECT compute_mark_dirty($1, $2, $3::float8, $4::bigint, $5::text)`
 
 // TraceSetting is the transaction-local setting compute_mark_dirty reads the
 // cause from when its caller passes none: what a trigger's call records.

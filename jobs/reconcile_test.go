@@ -19,6 +19,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/platform/tracing"
+	"github.com/bettercompute/bettercompute/workers"
 )
 
 // TestDirtyRefusesBadInputWithInvalidArgument: a bad kind or key is the caller's
@@ -33,10 +34,10 @@ func TestDirtyRefusesBadInputWithInvalidArgument(t *testing.T) {
 		{"item", ""},
 		{"item", strings.Repeat("k", jobs.MaxKeyLen+1)},
 	} {
-		err := jobs.DirtyTx(ctx, nil, tc.kind, tc.key, nil)
+		err := workers.DirtyTx(ctx, nil, tc.kind, tc.key, nil)
 		require.Equal(t, fault.InvalidArgument, fault.CodeOf(err), "kind %q, key of %d bytes: %v", tc.kind, len(tc.key), err)
 	}
-	err := jobs.DirtyTx(ctx, nil, "item", "k", &jobs.DirtyOpts{Delay: jobs.MaxDirtyDelay + time.Second})
+	err := workers.DirtyTx(ctx, nil, "item", "k", &workers.DirtyOpts{Delay: workers.MaxDirtyDelay + time.Second})
 	require.Equal(t, fault.InvalidArgument, fault.CodeOf(err), "%v", err)
 }
 
@@ -200,8 +201,8 @@ func TestMarkDirtyRecordsCauses(t *testing.T) {
 	require.Equal(t, []string{traceparent(1, 1)}, causes("trace_links", "k"))
 	// DirtyTx passes its context's span; jobs.TraceTx sets the setting from it.
 	inTx(ctx, func(tx pgx.Tx) {
-		require.NoError(t, jobs.DirtyTx(sampledCtx(2, 2), tx, "item", "k", nil))
-		require.NoError(t, jobs.DirtyTx(sampledCtx(2, 2), tx, "item", "k", nil)) // the same span: kept once
+		require.NoError(t, workers.DirtyTx(sampledCtx(2, 2), tx, "item", "k", nil))
+		require.NoError(t, workers.DirtyTx(sampledCtx(2, 2), tx, "item", "k", nil)) // the same span: kept once
 		require.NoError(t, jobs.TraceTx(sampledCtx(3, 3), tx))
 		_, err := tx.Exec(ctx, `SELECT compute_mark_dirty('item', 'k', 0, NULL)`)
 		require.NoError(t, err)

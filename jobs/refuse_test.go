@@ -13,6 +13,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers"
 )
 
 type rawArgs struct {
@@ -31,21 +32,21 @@ func TestRefusesTextPostgreSQLRefuses(t *testing.T) {
 	db := pgtest.New(t)
 	for name, call := range map[string]func(ctx context.Context, tx pgx.Tx) error{
 		"dirty, NUL key": func(ctx context.Context, tx pgx.Tx) error {
-			return jobs.DirtyTx(ctx, tx, "item", "a\x00b", nil)
+			return workers.DirtyTx(ctx, tx, "item", "a\x00b", nil)
 		},
 		"dirty, invalid UTF-8 key": func(ctx context.Context, tx pgx.Tx) error {
-			return jobs.DirtyTx(ctx, tx, "item", "caf\xe9", nil)
+			return workers.DirtyTx(ctx, tx, "item", "caf\xe9", nil)
 		},
 		"insert for key, NUL key": func(ctx context.Context, tx pgx.Tx) error {
-			_, err := jobs.InsertForKeyTx(ctx, tx, "order\x00", shipArgs{OrderID: "order"}, nil)
+			_, err := workers.InsertForKeyTx(ctx, tx, "order\x00", shipArgs{OrderID: "order"}, nil)
 			return err
 		},
 		"insert for key, invalid UTF-8 key": func(ctx context.Context, tx pgx.Tx) error {
-			_, err := jobs.InsertForKeyTx(ctx, tx, "order\xff", shipArgs{OrderID: "order"}, nil)
+			_, err := workers.InsertForKeyTx(ctx, tx, "order\xff", shipArgs{OrderID: "order"}, nil)
 			return err
 		},
 		"insert for key, NUL in the args": func(ctx context.Context, tx pgx.Tx) error {
-			_, err := jobs.InsertForKeyTx(ctx, tx, "order-1", shipArgs{OrderID: "order\x00"}, nil)
+			_, err := workers.InsertForKeyTx(ctx, tx, "order-1", shipArgs{OrderID: "order\x00"}, nil)
 			return err
 		},
 		"insert, \\u0000 in raw args": func(ctx context.Context, tx pgx.Tx) error {
@@ -67,10 +68,10 @@ func TestRefusesTextPostgreSQLRefuses(t *testing.T) {
 
 	// The same calls with good text go through.
 	err := pg.InTx(context.Background(), db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		if err := jobs.DirtyTx(ctx, tx, "item", "café", nil); err != nil {
+		if err := workers.DirtyTx(ctx, tx, "item", "café", nil); err != nil {
 			return err
 		}
-		if _, err := jobs.InsertForKeyTx(ctx, tx, "order-é", shipArgs{OrderID: "order-é"}, nil); err != nil {
+		if _, err := workers.InsertForKeyTx(ctx, tx, "order-é", shipArgs{OrderID: "order-é"}, nil); err != nil {
 			return err
 		}
 		_, err := jobs.InsertTx(ctx, tx, rawArgs{Payload: json.RawMessage(`{"note":"\\u0000 \ud83d\ude00"}`)}, &river.InsertOpts{Metadata: []byte(`{"who":"é"}`)})

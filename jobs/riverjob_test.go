@@ -211,10 +211,10 @@ func TestRiverDefaults(t *testing.T) {
 	// shard's holder inserts the batch's job running under it, with River's
 	// defaults; a key failing alone gets its own job, retryable.
 	inTx(t, func(tx pgx.Tx) error {
-		if err := DirtyTx(ctx, tx, "item", "now", nil); err != nil {
+		if err := dirtyTx(ctx, tx, "item", "now", 0); err != nil {
 			return err
 		}
-		return DirtyTx(ctx, tx, "item", "later", &DirtyOpts{Delay: time.Hour})
+		return dirtyTx(ctx, tx, "item", "later", time.Hour)
 	})
 	for _, key := range []string{"now", "later"} {
 		require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_dirty WHERE key = $1 AND shard = $2 AND job_id IS NULL`,
@@ -286,10 +286,10 @@ attempted_at = clock_timestamp() - make_interval(secs => $2), attempted_by = arr
 		}
 		id = res.Job.ID
 		// A due dirty key waits for the shard's holder too; a later one not yet.
-		if err := DirtyTx(ctx, tx, "item", "k", nil); err != nil {
+		if err := dirtyTx(ctx, tx, "item", "k", 0); err != nil {
 			return err
 		}
-		return DirtyTx(ctx, tx, "item", "later", &DirtyOpts{Delay: time.Hour})
+		return dirtyTx(ctx, tx, "item", "later", time.Hour)
 	})
 	waiting, err := CountWaitingInShardQueues(ctx, db)
 	require.NoError(t, err)
@@ -498,4 +498,11 @@ func TestTheStepLockFencesAsFenceSQLDoes(t *testing.T) {
 	got, err := FenceRaised(fmt.Errorf("wrapped: %w", pgx.ErrNoRows))
 	require.Equal(t, FenceHeld, got)
 	require.ErrorIs(t, err, pgx.ErrNoRows, "an error that is no fence's is returned as it is")
+}
+
+// dirtyTx marks key of kind dirty after delay, as workers.DirtyTx does (which
+// this package's tests cannot import).
+func dirtyTx(ctx context.Context, tx pgx.Tx, kind, key string, delay time.Duration) error {
+	_, err := tx.Exec(ctx, `SELECT compute_mark_dirty($1, $2, $3::float8, $4::bigint, NULL)`, kind, key, delay.Seconds(), int64(KeyHash(key)))
+	return err
 }

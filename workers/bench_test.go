@@ -16,7 +16,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/logging"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
@@ -232,7 +231,7 @@ func benchFenced(b *testing.B, db *pgtest.DB, kind string, batch int) (rate, pea
 	for i := 0; i < benchJobs; i += 100 {
 		require.NoError(b, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 			for j := i; j < i+100 && j < benchJobs; j++ {
-				if err := jobs.DirtyTx(ctx, tx, kind, "k"+strconv.Itoa(j+1), nil); err != nil {
+				if err := workers.DirtyTx(ctx, tx, kind, "k"+strconv.Itoa(j+1), nil); err != nil {
 					return err
 				}
 			}
@@ -259,7 +258,7 @@ func benchEndToEnd(b *testing.B, db *pgtest.DB, kind string, batch int) (rate, p
 	rt := workertest.Start(b, db.Pool, reg, &workers.Options{WorkersPerShard: benchE2ESessions / pgtest.DefaultShardCount, PollInterval: benchPoll})
 	start := time.Now()
 	write(b, db, func(tx pgx.Tx, _ int, key string) error {
-		return jobs.DirtyTx(ctx, tx, kind, key, nil)
+		return workers.DirtyTx(ctx, tx, kind, key, nil)
 	})
 	workertest.WaitFor(b, 5*time.Minute, "reconciles done", func() bool {
 		peakRSS = max(peakRSS, float64(rssKB()))
@@ -332,7 +331,7 @@ func BenchmarkDirtyVsInsertTx(b *testing.B) {
 		start := time.Now()
 		for i := 0; i < b.N; i++ {
 			require.NoError(b, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-				_, err := jobs.InsertForKeyTx(ctx, tx, fmt.Sprintf("key-%d", i), noopArgs{N: i}, nil)
+				_, err := workers.InsertForKeyTx(ctx, tx, fmt.Sprintf("key-%d", i), noopArgs{N: i}, nil)
 				return err
 			}))
 		}
@@ -344,7 +343,7 @@ func BenchmarkDirtyVsInsertTx(b *testing.B) {
 		start := time.Now()
 		for i := 0; i < b.N; i++ {
 			require.NoError(b, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-				return jobs.DirtyTx(ctx, tx, "bench", fmt.Sprintf("key-%d", i), nil)
+				return workers.DirtyTx(ctx, tx, "bench", fmt.Sprintf("key-%d", i), nil)
 			}))
 		}
 		dirtyNs = float64(time.Since(start).Nanoseconds()) / float64(b.N)
@@ -355,7 +354,7 @@ func BenchmarkDirtyVsInsertTx(b *testing.B) {
 	b.Run("DirtyCoalesced", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			require.NoError(b, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-				return jobs.DirtyTx(ctx, tx, "bench", "hot-key", nil)
+				return workers.DirtyTx(ctx, tx, "bench", "hot-key", nil)
 			}))
 		}
 	})

@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
@@ -179,7 +179,7 @@ func exampleChange(db *pgtest.DB, id string, qty int64) error {
 		if err != nil {
 			return err
 		}
-		return jobs.DirtyTx(ctx, tx, "example_item", id, nil)
+		return workers.DirtyTx(ctx, tx, "example_item", id, nil)
 	})
 }
 

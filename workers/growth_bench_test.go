@@ -190,7 +190,7 @@ func growthShards(b *testing.B, shards int) (idleRSS, loadRSS, idleTPS, rate flo
 	start := time.Now()
 	write(b, db, func(tx pgx.Tx, _ int, key string) error {
 		loadRSS = max(loadRSS, float64(rssKB()))
-		return jobs.DirtyTx(ctx, tx, "bench_growth", key, nil)
+		return workers.DirtyTx(ctx, tx, "bench_growth", key, nil)
 	})
 	workertest.WaitFor(b, 5*time.Minute, "reconciles done", func() bool {
 		loadRSS = max(loadRSS, float64(rssKB()))

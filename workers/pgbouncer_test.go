@@ -73,7 +73,7 @@ func TestBehindPgBouncer(t *testing.T) {
 			if _, err := tx.Exec(ctx, `INSERT INTO things (key, n) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET n = $2`, key, i); err != nil {
 				return err
 			}
-			return jobs.DirtyTx(ctx, tx, "thing", key, nil)
+			return workers.DirtyTx(ctx, tx, "thing", key, nil)
 		}))
 	}
 	require.NoError(t, pg.InTx(ctx, via, func(ctx context.Context, tx pgx.Tx) error {

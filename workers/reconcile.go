@@ -19,7 +19,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
 
-// How reconciles run (see jobs.DirtyTx for how keys are marked):
+// How reconciles run (see workers.DirtyTx for how keys are marked):
 //
 //	dirty row, job_id NULL ──the shard holder's batch takes it, in its transaction──▶ taken (no River job)
 //	taken ──batch commits, gen unchanged──▶ no row
@@ -192,7 +192,7 @@ type claimedKey struct {
 	key     string
 	gen     int64
 	dirtied time.Time
-	causes  []string // traceparents of its dirties (jobs.DirtyTx)
+	causes  []string // traceparents of its dirties (workers.DirtyTx)
 }
 
 func scanClaimed(row pgx.CollectableRow) (claimedKey, error) {
@@ -363,7 +363,7 @@ func (b *batchRun) reconcileAll(ctx context.Context, tx pgx.Tx, rec *Reconciler,
 // to run again: after the finish, which deleted their rows.
 func (b *batchRun) requeue(ctx context.Context, tx pgx.Tx, kind string) error {
 	for i, c := range b.again {
-		if err := jobs.DirtyTx(ctx, tx, kind, c.key, &jobs.DirtyOpts{Delay: b.delays[i]}); err != nil {
+		if err := DirtyTx(ctx, tx, kind, c.key, &DirtyOpts{Delay: b.delays[i]}); err != nil {
 			return err
 		}
 	}
@@ -459,7 +459,7 @@ func (w *resyncWorker) Work(ctx context.Context, job *river.Job[jobs.Resync]) er
 		}
 		err = pg.InTx(ctx, rt.pool, func(ctx context.Context, tx pgx.Tx) error {
 			for _, k := range keys {
-				if err := jobs.DirtyTx(ctx, tx, rec.Kind, k, nil); err != nil {
+				if err := DirtyTx(ctx, tx, rec.Kind, k, nil); err != nil {
 					return err
 				}
 			}

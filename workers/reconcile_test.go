@@ -23,7 +23,7 @@ import (
 func dirty(t *testing.T, db *pgtest.DB, kind, key string, delay time.Duration) {
 	t.Helper()
 	require.NoError(t, pg.InTx(context.Background(), db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		return jobs.DirtyTx(context.Background(), tx, kind, key, &jobs.DirtyOpts{Delay: delay})
+		return workers.DirtyTx(context.Background(), tx, kind, key, &workers.DirtyOpts{Delay: delay})
 	}))
 }
 
@@ -120,7 +120,7 @@ func TestNoLostWakeupAndNoOverlap(t *testing.T) {
 						ON CONFLICT (key) DO UPDATE SET version = things.version + 1`, key); err != nil {
 						return err
 					}
-					return jobs.DirtyTx(ctx, tx, "thing", key, nil)
+					return workers.DirtyTx(ctx, tx, "thing", key, nil)
 				})
 				if err != nil {
 					t.Error(err)
@@ -261,7 +261,7 @@ func TestBatchReconcilesInOneTransaction(t *testing.T) {
 		}}))
 	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		for i := 0; i < 40; i++ {
-			if err := jobs.DirtyTx(ctx, tx, "thing", fmt.Sprintf("k%02d", i), nil); err != nil {
+			if err := workers.DirtyTx(ctx, tx, "thing", fmt.Sprintf("k%02d", i), nil); err != nil {
 				return err
 			}
 		}
@@ -434,7 +434,7 @@ func TestBatchOfOneIsOneKeyPerTransaction(t *testing.T) {
 	const keys = 20
 	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		for i := 0; i < keys; i++ {
-			if err := jobs.DirtyTx(ctx, tx, "thing", fmt.Sprintf("k%02d", i), nil); err != nil {
+			if err := workers.DirtyTx(ctx, tx, "thing", fmt.Sprintf("k%02d", i), nil); err != nil {
 				return err
 			}
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
 
-// Reconciler reconciles keys of one kind: see jobs.DirtyTx for how keys are marked.
+// Reconciler reconciles keys of one kind: see workers.DirtyTx for how keys are marked.
 type Reconciler struct {
 	// Kind names the reconciler: [a-z][a-z0-9_]{0,62}.
 	Kind string
@@ -61,8 +61,8 @@ type Result struct {
 //		return errors.Join(
 //			workers.AddReconciler(r, workers.Reconciler{Kind: "item", Reconcile: reconcileItem}),
 //			workers.AddWorker(r, &ShipWorker{}),
-//			outboxworker.AddSink(r, outboxworker.Sink{Name: "audit", HandleTx: recordAudit}),
-//			backfill.Add(r, normalizeNames),
+//			workers.AddSink(r, workers.Sink{Name: "audit", HandleTx: recordAudit}),
+//			workers.AddBackfill(r, normalizeNames),
 //		)
 //	}
 type Registry struct {
@@ -73,9 +73,11 @@ type Registry struct {
 	onStart     []func(ctx context.Context, rt *Runtime) error
 	onRecord    []func(ctx context.Context, db pg.DBTX) error
 	onCheck     []func(ctx context.Context, db pg.DBTX) error
-	kinds       map[string]bool      // every kind with a worker
-	fenced      []string             // kinds worked in shard queues, in registration order
-	parts       map[reflect.Type]any // Use
+	kinds       map[string]bool                  // every kind with a worker
+	fenced      []string                         // kinds worked in shard queues, in registration order
+	parts       map[reflect.Type]any             // Use
+	takers      map[reflect.Type]func(any) error // OnAdd
+	waiting     map[reflect.Type][]any           // added before their OnAdd
 }
 
 // NewRegistry returns an empty registry with the built-in workers.
@@ -96,7 +98,7 @@ func must(err error) {
 // AddWorker registers w, the River worker of an application's job kind, in
 // every worker process built from r. A job of this kind runs in a shard queue,
 // fenced by the shard's lease (w writes through InTx): insert it with
-// jobs.InsertForKeyTx, whose key picks the shard. The kind is recorded as
+// workers.InsertForKeyTx, whose key picks the shard. The kind is recorded as
 // fenced (at migrate and at every worker start), and an insert of it into any
 // other queue, which no worker works, is refused with INVALID_ARGUMENT. It
 // returns INVALID_CONFIG for a bad kind or a kind registered twice.
@@ -210,6 +212,9 @@ func (r *Registry) OnCheck(f func(ctx context.Context, db pg.DBTX) error) {
 // (jobs.RecordFencedKinds) and what modules record with OnRecord (the
 // workflow definitions). migrate and every worker start call it.
 func (r *Registry) Record(ctx context.Context, db pg.DBTX) error {
+	if err := r.unclaimed(); err != nil {
+		return err
+	}
 	if err := jobs.RecordFencedKinds(ctx, db, r.FencedKinds()); err != nil {
 		return err
 	}

@@ -71,7 +71,7 @@ func TestSmokeFencedWorkerAndReconcile(t *testing.T) {
 		if _, err := tx.Exec(ctx, `UPDATE test_items SET n = 5 WHERE key = 'b'`); err != nil {
 			return err
 		}
-		return jobs.DirtyTx(ctx, tx, "item", "b", nil)
+		return workers.DirtyTx(ctx, tx, "item", "b", nil)
 	}))
 	workertest.WaitFor(t, 10*time.Second, "reconcile", func() bool {
 		return db.MustCount(t, `SELECT seen FROM test_items WHERE key = 'b'`) == 5

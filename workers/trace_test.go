@@ -72,15 +72,15 @@ func startChain(t *testing.T, off bool) *chain {
 			return workers.Result{}, outbox.AppendTx(ctx, tx, outbox.Message{Topic: "chain.reconciled", Key: key,
 				Payload: map[string]string{"secret": payloadMarker}})
 		}}))
-	require.NoError(t, outboxworker.Configure(reg, outboxworker.Options{PollEvery: 20 * time.Millisecond}))
-	require.NoError(t, outboxworker.AddSink(reg, outboxworker.Sink{Name: "chain", Handle: func(_ context.Context, events []outbox.Event) error {
+	require.NoError(t, outboxworker.Register(reg, &outboxworker.Options{PollEvery: 20 * time.Millisecond}))
+	require.NoError(t, workers.AddSink(reg, workers.Sink{Name: "chain", Handle: func(_ context.Context, events []outbox.Event) error {
 		for _, e := range events {
 			c.delivered <- e
 		}
 		return nil
 	}}))
-	require.NoError(t, workflowworker.Configure(reg, workflowworker.Options{WakeEvery: 50 * time.Millisecond}))
-	require.NoError(t, workflowworker.Add(reg, tripWorkflow()))
+	require.NoError(t, workflowworker.Register(reg, &workflowworker.Options{WakeEvery: 50 * time.Millisecond}))
+	require.NoError(t, addWorkflow(reg, tripWorkflow()))
 	o := &workers.Options{TracerProvider: c.tp}
 	if off {
 		o.TracerProvider = nil // tracing off: a no-op provider
@@ -219,16 +219,16 @@ func TestOneTraceFromTheRequestToTheDelivery(t *testing.T) {
 	// The reconcile waits 2 s, so request 2 comes before it.
 	ctx1, req1 := app.Start(context.Background(), "request 1")
 	c.request(t, ctx1, func(ctx context.Context, tx pgx.Tx) error {
-		if err := jobs.DirtyTx(ctx, tx, "chain", key, &jobs.DirtyOpts{Delay: 2 * time.Second}); err != nil {
+		if err := workers.DirtyTx(ctx, tx, "chain", key, &workers.DirtyOpts{Delay: 2 * time.Second}); err != nil {
 			return err
 		}
-		_, err := workflow.StartTx(ctx, tx, "trip", tripIn{Secret: inputMarker}, &workflow.StartOpts{ID: wf})
+		_, err := startKind(ctx, tx, "trip", tripIn{Secret: inputMarker}, &workflow.StartOpts{ID: wf})
 		return err
 	})
 	req1.End()
 	ctx2, req2 := app.Start(context.Background(), "request 2")
 	c.request(t, ctx2, func(ctx context.Context, tx pgx.Tx) error {
-		if err := jobs.DirtyTx(ctx, tx, "chain", key, &jobs.DirtyOpts{Delay: 2 * time.Second}); err != nil {
+		if err := workers.DirtyTx(ctx, tx, "chain", key, &workers.DirtyOpts{Delay: 2 * time.Second}); err != nil {
 			return err
 		}
 		require.Equal(t, []string{tracing.Cause(ctx1), tracing.Cause(ctx2)}, causesOf(t, ctx, tx, key),
@@ -376,15 +376,15 @@ func TestNoCauseIsStoredWithoutASampledSpan(t *testing.T) {
 		if err := jobs.TraceTx(ctx, tx); err != nil {
 			return err
 		}
-		if err := jobs.DirtyTx(ctx, tx, "chain", key, &jobs.DirtyOpts{Delay: time.Second}); err != nil {
+		if err := workers.DirtyTx(ctx, tx, "chain", key, &workers.DirtyOpts{Delay: time.Second}); err != nil {
 			return err
 		}
-		_, err := workflow.StartTx(ctx, tx, "trip", tripIn{Secret: inputMarker}, &workflow.StartOpts{ID: wf})
+		_, err := startKind(ctx, tx, "trip", tripIn{Secret: inputMarker}, &workflow.StartOpts{ID: wf})
 		return err
 	})
 	req1.End()
 	c.request(t, context.Background(), func(ctx context.Context, tx pgx.Tx) error {
-		if err := jobs.DirtyTx(ctx, tx, "chain", key, &jobs.DirtyOpts{Delay: time.Second}); err != nil {
+		if err := workers.DirtyTx(ctx, tx, "chain", key, &workers.DirtyOpts{Delay: time.Second}); err != nil {
 			return err
 		}
 		require.Nil(t, causesOf(t, ctx, tx, key), "no cause without a sampled span")
@@ -425,7 +425,7 @@ func TestReconcilesRiverWorksKeepTheirCauses(t *testing.T) {
 		ctx, span := app.Start(ctx, "request "+key)
 		defer span.End()
 		require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-			return jobs.DirtyTx(ctx, tx, "thing", key, nil)
+			return workers.DirtyTx(ctx, tx, "thing", key, nil)
 		}))
 		return span.SpanContext()
 	}
@@ -513,7 +513,7 @@ func TestRefusedReconcileIsAFencedSpan(t *testing.T) {
 
 	rctx, request := tp.Tracer("the application").Start(ctx, "request")
 	require.NoError(t, pg.InTx(rctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		return jobs.DirtyTx(ctx, tx, "thing", "k", nil)
+		return workers.DirtyTx(ctx, tx, "thing", "k", nil)
 	}))
 	request.End()
 	<-entered
@@ -542,7 +542,7 @@ func TestRefusedReconcileIsAFencedSpan(t *testing.T) {
 	require.Equal(t, request.SpanContext().TraceID(), refused.SpanContext().TraceID(), "still in the request's trace")
 	require.Contains(t, links(refused), request.SpanContext().SpanID())
 	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		return jobs.DirtyTx(ctx, tx, "thing", "k", nil)
+		return workers.DirtyTx(ctx, tx, "thing", "k", nil)
 	}))
 	workertest.WaitFor(t, 30*time.Second, "the key reconciled again", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM compute_dirty`) == 0

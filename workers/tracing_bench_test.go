@@ -12,7 +12,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
@@ -80,7 +79,7 @@ func benchReconcileTraced(b *testing.B, db *pgtest.DB, kind string, tp trace.Tra
 	for i := 0; i < benchJobs; i += 100 {
 		require.NoError(b, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 			for j := i; j < i+100 && j < benchJobs; j++ {
-				if err := jobs.DirtyTx(ctx, tx, kind, "k"+strconv.Itoa(j+1), nil); err != nil {
+				if err := workers.DirtyTx(ctx, tx, kind, "k"+strconv.Itoa(j+1), nil); err != nil {
 					return err
 				}
 			}
@@ -109,7 +108,7 @@ func benchTasksTraced(b *testing.B, db *pgtest.DB, tp trace.TracerProvider) floa
 		require.NoError(b, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 			for j := i; j < i+100 && j < benchJobs; j++ {
 				key := "k" + strconv.Itoa(j+1)
-				if _, err := jobs.InsertForKeyTx(ctx, tx, key, benchTaskArgs{Key: key}, nil); err != nil {
+				if _, err := workers.InsertForKeyTx(ctx, tx, key, benchTaskArgs{Key: key}, nil); err != nil {
 					return err
 				}
 			}

@@ -64,7 +64,7 @@ func startOrders(t *testing.T, db *pgtest.DB, n, batch int, await func(i int) bo
 			errs <- pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 				for i := from; i < to; i++ {
 					in := orderInput{Order: orderID(i), AwaitPayment: await != nil && await(i)}
-					if _, err := workflow.StartTx(ctx, tx, orderKind, in, &workflow.StartOpts{ID: orderID(i)}); err != nil {
+					if _, err := startKind(ctx, tx, orderKind, in, &workflow.StartOpts{ID: orderID(i)}); err != nil {
 						return err
 					}
 				}

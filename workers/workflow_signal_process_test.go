@@ -43,7 +43,7 @@ func TestWorkflowProcessSIGSTOPMidStepTakesSignals(t *testing.T) {
 	const n = 25
 	const id = "tally-1"
 	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := workflow.StartTx(ctx, tx, "example_tally", map[string]int{"n": n}, &workflow.StartOpts{ID: id})
+		_, err := startKind(ctx, tx, "example_tally", map[string]int{"n": n}, &workflow.StartOpts{ID: id})
 		return err
 	}))
 	// The step is inside its transaction once its effect insert has run and it

@@ -33,8 +33,8 @@ func checkName(name string) error { return fault.CheckText("sink name", name) }
 // SinkLease is the name of sink name's lease in compute_leases.
 func SinkLease(name string) string { return "sink/" + name }
 
-// Sink is a sink's stored state, as operators see it.
-type Sink struct {
+// SinkState is a sink's stored state, as operators see it.
+type SinkState struct {
 	Name   string
 	Cursor Cursor // the last event delivered
 	Paused bool
@@ -95,36 +95,36 @@ WHERE $1::text IS NULL OR s.name = $1
 ORDER BY s.name`
 
 // ListSinks returns every sink's state with its lag, by name.
-func ListSinks(ctx context.Context, db pg.DBTX) ([]Sink, error) {
+func ListSinks(ctx context.Context, db pg.DBTX) ([]SinkState, error) {
 	return listSinks(ctx, db, nil)
 }
 
 // GetSink returns one sink's state; NOT_FOUND when there is no such sink,
 // INVALID_ARGUMENT for a name that is not valid UTF-8 or holds a NUL byte.
-func GetSink(ctx context.Context, db pg.DBTX, name string) (Sink, error) {
+func GetSink(ctx context.Context, db pg.DBTX, name string) (SinkState, error) {
 	if err := checkName(name); err != nil {
-		return Sink{}, err
+		return SinkState{}, err
 	}
 	ss, err := listSinks(ctx, db, &name)
 	if err != nil {
-		return Sink{}, err
+		return SinkState{}, err
 	}
 	if len(ss) == 0 {
-		return Sink{}, notFound(ctx, db, name)
+		return SinkState{}, notFound(ctx, db, name)
 	}
 	return ss[0], nil
 }
 
-func listSinks(ctx context.Context, db pg.DBTX, name *string) ([]Sink, error) {
+func listSinks(ctx context.Context, db pg.DBTX, name *string) ([]SinkState, error) {
 	rows, err := db.Query(ctx, listSinksSQL, name, LagCap)
 	if err != nil {
 		return nil, pg.Translate(fmt.Errorf("error listing sinks: %w", err))
 	}
 	defer rows.Close()
-	var out []Sink
+	var out []SinkState
 	for rows.Next() {
 		var (
-			s    Sink
+			s    SinkState
 			txid string
 			age  float64
 		)

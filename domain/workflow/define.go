@@ -15,7 +15,7 @@ import (
 
 // Workflow is the definition of a workflow kind: its input In, its state S, its
 // result Out and its steps. Register it in a worker process with
-// workflowworker.Add; start one with StartTx.
+// workers.AddWorkflow; start one with its StartTx.
 //
 //	var Order = &workflow.Workflow[OrderInput, OrderState, OrderResult]{
 //		Kind: "order",
@@ -299,7 +299,7 @@ func (m Meta) HasSignal(name string) bool {
 	return false
 }
 
-// Definition is a Workflow of any types: what workflowworker.Add registers.
+// Definition is a Workflow of any types: what workers.AddWorkflow registers.
 type Definition interface {
 	Meta() Meta
 	// Validate checks the definition (INVALID_CONFIG).
@@ -307,6 +307,9 @@ type Definition interface {
 	// CheckInput checks that input decodes into the workflow's In and that
 	// its Init accepts it (INVALID_ARGUMENT otherwise).
 	CheckInput(input json.RawMessage) error
+	// StartJSONTx starts a workflow of this definition with input as JSON:
+	// see Workflow.StartTx.
+	StartJSONTx(ctx context.Context, tx pgx.Tx, input json.RawMessage, opts *StartOpts) (string, error)
 	// Run runs a step: see Invocation.
 	Run(ctx context.Context, tx pgx.Tx, inv *Invocation) (Next, error)
 }

@@ -132,34 +132,26 @@ type StartOpts struct {
 	ID string
 }
 
-// StartTx starts a workflow of kind with input in the caller's transaction and
-// returns its id: if tx rolls back, nothing was started. The kind must have
-// been recorded by a migrate or a worker start of a binary that registers it
-// (INVALID_ARGUMENT otherwise). A bad kind or id (ValidateID), or an input
-// that does not encode as JSON jsonb stores (a string holding a NUL byte, say)
-// or is over MaxPayload, is INVALID_ARGUMENT before any statement is sent: tx
-// stays usable.
-//
-// StartTx knows the kind only by its name (this package keeps no registry of
-// definitions): it checks that the input is JSON, not that it decodes into the
-// kind's In or that its Init accepts it, so such an input is stored and fails
-// the workflow at its first step. The typed Workflow.StartTx, and
-// workflowworker.StartTx (which looks the kind up in a registry), refuse it
-// here, before anything is written: use them where you can.
-func StartTx(ctx context.Context, tx pgx.Tx, kind string, input any, opts *StartOpts) (string, error) {
-	return startTx(ctx, tx, kind, input, opts, nil)
-}
-
-// StartTx starts a workflow of w's kind with in, in the caller's transaction:
-// see the package's StartTx. It first checks in as the first step will see it
-// (CheckInput: encoded, decoded from that JSON into In, then given to Init): an
-// input that does not decode, or that Init refuses, is INVALID_ARGUMENT, and
-// nothing is sent to the database, so tx stays usable.
+// StartTx starts a workflow of w's kind with in, in the caller's transaction,
+// and returns its id: if tx rolls back, nothing was started. It is the one way
+// to start a workflow. The kind must have been recorded by a migrate or a
+// worker start of a binary that registers it (INVALID_ARGUMENT otherwise). It
+// first checks in as the first step will see it (CheckInput: encoded, decoded
+// from that JSON into In, then given to Init): an input that does not decode,
+// that Init refuses, that does not encode as JSON jsonb stores (a string
+// holding a NUL byte, say) or is over MaxPayload, or a bad id (ValidateID), is
+// INVALID_ARGUMENT, and nothing is sent to the database, so tx stays usable.
 func (w *Workflow[In, S, Out]) StartTx(ctx context.Context, tx pgx.Tx, in In, opts *StartOpts) (string, error) {
 	return startTx(ctx, tx, w.Kind, in, opts, w.CheckInput)
 }
 
-// startTx is StartTx, with check (when not nil) run on the encoded input
+// StartJSONTx is StartTx with the input as JSON, for tools that know a
+// workflow by its kind only (the CLI's `workflow start KIND JSON`).
+func (w *Workflow[In, S, Out]) StartJSONTx(ctx context.Context, tx pgx.Tx, input json.RawMessage, opts *StartOpts) (string, error) {
+	return startTx(ctx, tx, w.Kind, input, opts, w.CheckInput)
+}
+
+// startTx starts a workflow of kind, with check (when not nil) run on the encoded input
 // before any statement.
 func startTx(ctx context.Context, tx pgx.Tx, kind string, input any, opts *StartOpts, check func(json.RawMessage) error) (string, error) {
 	var o StartOpts

@@ -314,7 +314,9 @@ func (p *Pool) StatementTimeout() time.Duration { return p.timeout }
 
 // Begin starts a read committed transaction with the pool's statement timeout,
 // in one round trip. It retries on a fresh connection when the pooled one turns
-// out to be dead.
+// out to be dead. So pgx.BeginFunc(ctx, pool, fn), for code written against
+// pgx alone, gets the same transactions as InTx (and pgx reports a COMMIT the
+// server turned into a ROLLBACK as pgx.ErrTxCommitRollback).
 func (p *Pool) Begin(ctx context.Context) (pgx.Tx, error) {
 	return p.begin(ctx, p.beginSQL)
 }
@@ -404,7 +406,7 @@ type TxOptions struct {
 // InTxWith with the default options.
 //
 // The naming rule, River's: a function that takes the caller's pgx.Tx ends in
-// Tx (jobs.DirtyTx, outbox.AppendTx); InTx opens the transaction itself and
+// Tx (workers.DirtyTx, outbox.AppendTx); InTx opens the transaction itself and
 // hands it to fn, as workers.InTx does for a job's fenced transaction. Both
 // callbacks have the one shape func(ctx, tx) error.
 func InTx(ctx context.Context, db DBTX, fn func(ctx context.Context, tx pgx.Tx) error) error {

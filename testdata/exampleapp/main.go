@@ -37,10 +37,8 @@ import (
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/domain/workflow"
-	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
-	"github.com/bettercompute/bettercompute/workers/workflowworker"
 )
 
 //go:embed migrations/*.sql
@@ -59,8 +57,8 @@ func Module() cli.Module {
 		Register: func(r *workers.Registry) error {
 			return errors.Join(
 				workers.AddWorker(r, &taskWorker{}),
-				workflowworker.Add(r, Order),
-				workflowworker.Add(r, Tally),
+				workers.AddWorkflow(r, Order),
+				workers.AddWorkflow(r, Tally),
 				workers.AddReconciler(r, workers.Reconciler{
 					Kind:      "example_item",
 					Reconcile: reconcile,
@@ -121,7 +119,7 @@ func Change(ctx context.Context, db *pg.Pool, id string, qty int64) error {
 		if err != nil {
 			return err
 		}
-		return jobs.DirtyTx(ctx, tx, "example_item", id, nil)
+		return workers.DirtyTx(ctx, tx, "example_item", id, nil)
 	})
 }
 
@@ -146,7 +144,7 @@ func (w *taskWorker) Work(ctx context.Context, job *river.Job[Task]) error {
 
 // InsertTaskTx enqueues task id in tx, in the shard queue its id picks.
 func InsertTaskTx(ctx context.Context, tx pgx.Tx, id string) error {
-	_, err := jobs.InsertForKeyTx(ctx, tx, id, Task{ID: id}, nil)
+	_, err := workers.InsertForKeyTx(ctx, tx, id, Task{ID: id}, nil)
 	return err
 }
 

@@ -1,16 +1,12 @@
 package backfill
 
 import (
-	"context"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
-	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 )
 
@@ -32,63 +28,8 @@ const (
 // timeout.
 const DrainFor = time.Second
 
-// Backfill is a backfill an application registers: a name and a batch function,
-// with options that keep it gentle with the live system.
-type Backfill struct {
-	// Name identifies the backfill in the CLI, in compute_backfills and in River
-	// (its jobs' kind is backfill_<Name>): [a-z][a-z0-9_]{0,62}.
-	Name string
-
-	// Batch handles at most batchSize unfinished rows inside tx, the batch's
-	// fenced transaction, and returns how many it handled. It must select only
-	// unfinished rows (WHERE new_column IS NULL) and write with upserts or guarded
-	// updates, so that a retry reaches the same final state. The backfill is done
-	// when a batch returns 0. An error rolls the batch back and is retried with
-	// backoff (INVALID_ARGUMENT cancels the job instead: the backfill stalls); so
-	// does a panic, as INTERNAL_ERROR.
-	//
-	// Give its selection an index (a partial index WHERE new_column IS NULL, or a
-	// cursor of its own kept in a table of its own, in tx): otherwise each batch
-	// scans past every row already done and the backfill slows down as it goes.
-	Batch func(ctx context.Context, tx pgx.Tx, batchSize int) (rows int, err error)
-
-	// Estimate, optional, returns how many rows are left, for the progress bar's
-	// total and the ETA. It runs in the batch's transaction at most every
-	// EstimateEvery, and at Start; keep it cheap (a count over a partial index, or
-	// the planner's estimate).
-	Estimate func(ctx context.Context, db pg.DBTX) (rowsLeft int64, err error)
-
-	// BatchSize is the most rows one batch handles (1 to MaxBatchSize; default
-	// 1000). Batches are sized by time up to it (see BatchTime); a run's first
-	// batch asks for min(BatchSize, DefaultBatchSize) rows.
-	BatchSize int
-	// BatchTime is how long a batch should take; default 25 ms. After each
-	// batch the next one asks for size × BatchTime / took rows, at least half
-	// and at most twice the size, between 1 and BatchSize (and, with
-	// MaxRowsPerSecond, at most MaxRowsPerSecond × BatchTime): short
-	// transactions that hold their rows briefly, as many rows as that allows.
-	BatchTime time.Duration
-	// FixedBatchSize turns the sizing off: every batch asks for BatchSize rows.
-	FixedBatchSize bool
-	// Pause is the least time between the end of a batch and the start of the
-	// next; default 0 (the worker's poll interval still separates them).
-	Pause time.Duration
-	// MaxRowsPerSecond caps the average rate: after a batch of n rows the next
-	// waits until n/MaxRowsPerSecond has passed since this one began. 0: no cap.
-	MaxRowsPerSecond float64
-	// EstimateEvery is how often a batch refreshes the estimate; default 10 s.
-	EstimateEvery time.Duration
-	// Timeout bounds one batch job; default the worker's job timeout (1 min).
-	// A batch still running then is cancelled (its context ends), rolls back
-	// and fails with UNAVAILABLE; River retries it.
-	Timeout time.Duration
-
-	// drain, for tests, replaces DrainFor (0: DrainFor).
-	drain time.Duration
-}
-
 // withDefaults returns b with its zero options defaulted.
-func (b Backfill) withDefaults() Backfill {
+func withDefaults(b workers.Backfill) workers.Backfill {
 	if b.BatchSize == 0 {
 		b.BatchSize = DefaultBatchSize
 	}
@@ -101,8 +42,8 @@ func (b Backfill) withDefaults() Backfill {
 	return b
 }
 
-// Validate returns INVALID_CONFIG naming what is wrong with b.
-func (b Backfill) Validate() error {
+// validate returns INVALID_CONFIG naming what is wrong with b.
+func validate(b workers.Backfill) error {
 	if err := jobs.ValidateBackfillName(b.Name); err != nil {
 		return fault.Wrap(fault.InvalidConfig, err, "bad backfill")
 	}
@@ -125,9 +66,9 @@ func (b Backfill) Validate() error {
 	return nil
 }
 
-// Delay is how long the next batch waits after a batch that handled rows in
+// delayAfter is how long the next batch waits after a batch that handled rows in
 // took: the larger of Pause and what MaxRowsPerSecond still asks for.
-func (b Backfill) Delay(rows int, took time.Duration) time.Duration {
+func delayAfter(b workers.Backfill, rows int, took time.Duration) time.Duration {
 	d := b.Pause
 	if b.MaxRowsPerSecond > 0 && rows > 0 {
 		if r := time.Duration(float64(rows)/b.MaxRowsPerSecond*float64(time.Second)) - took; r > d {
@@ -140,7 +81,7 @@ func (b Backfill) Delay(rows int, took time.Duration) time.Duration {
 // maxBatch is the most rows a batch of b asks for: BatchSize, and with sizing
 // by time and a rate limit, no more than MaxRowsPerSecond × BatchTime (at least
 // 1), so that the limit spreads small batches rather than waiting out big ones.
-func (b Backfill) maxBatch() int {
+func maxBatch(b workers.Backfill) int {
 	hi := b.BatchSize
 	if !b.FixedBatchSize && b.MaxRowsPerSecond > 0 {
 		hi = min(hi, max(1, int(b.MaxRowsPerSecond*b.BatchTime.Seconds())))
@@ -150,8 +91,8 @@ func (b Backfill) maxBatch() int {
 
 // batchSize is the size the next batch asks for, given the size the last
 // committed batch of the run chose (nil: none yet).
-func (b Backfill) batchSize(chosen *int32) int {
-	hi := b.maxBatch()
+func batchSize(b workers.Backfill, chosen *int32) int {
+	hi := maxBatch(b)
 	switch {
 	case b.FixedBatchSize:
 		return b.BatchSize
@@ -179,43 +120,50 @@ func NextBatchSize(cur int, took, target time.Duration, hi int) int {
 	return min(max(next, 1), max(hi, 1))
 }
 
-// Kind is the River job kind of b's batches: backfill_<name>.
-func (b Backfill) Kind() string { return jobs.Backfill{Name: b.Name}.Kind() }
+// kindOf is the River job kind of b's batches: backfill_<name>.
+func kindOf(b workers.Backfill) string { return jobs.Backfill{Name: b.Name}.Kind() }
 
 // set is the backfills of one registry (its workers.Part).
 type set struct {
-	byName map[string]Backfill
+	byName map[string]workers.Backfill
 	order  []string
+	// drain, a test hook, replaces DrainFor (0: DrainFor).
+	drain time.Duration
 }
 
-func newSet() *set { return &set{byName: map[string]Backfill{}} }
+func newSet() *set { return &set{byName: map[string]workers.Backfill{}} }
 
-// Install implements workers.Part: each backfill's worker is added by Register.
-func (*set) Install(*workers.Registry) error { return nil }
+// Install implements workers.Part: it takes the backfills added with
+// workers.AddBackfill.
+func (s *set) Install(r *workers.Registry) error {
+	return workers.OnAdd(r, func(b workers.Backfill) error { return s.add(r, b) })
+}
 
 func setOf(r *workers.Registry) *set {
-	s, _ := workers.Use(r, newSet) // Install cannot fail
+	s, _ := workers.Use(r, newSet) // Install cannot fail: nothing was added yet
 	return s
 }
 
-// Register adds b to the registry: a River worker for its kind, and b to the
-// backfills the CLI knows. It returns INVALID_CONFIG for an invalid b or a name
-// registered twice.
-//
-//	func Module() cli.Module {
-//		return cli.Module{Name: "inventory", Migrations: …,
-//			Register: func(r *workers.Registry) error { return backfill.Add(r, NormalizeNames) }}
-//	}
-func Add(r *workers.Registry, b Backfill) error {
-	if err := b.Validate(); err != nil {
+// Register adds the backfill module to r: it runs the backfills added with
+// workers.AddBackfill. The built-in backfill module registers it in every
+// worker process.
+func Register(r *workers.Registry) error {
+	_, err := workers.Use(r, newSet)
+	return err
+}
+
+// add registers b: a River worker for its kind, and b among the backfills the
+// CLI knows. It returns INVALID_CONFIG for an invalid b or a name registered
+// twice.
+func (s *set) add(r *workers.Registry, b workers.Backfill) error {
+	if err := validate(b); err != nil {
 		return err
 	}
-	s := setOf(r)
 	if _, dup := s.byName[b.Name]; dup {
 		return fault.New(fault.InvalidConfig, "backfill %s is registered twice", b.Name)
 	}
-	b = b.withDefaults()
-	if err := workers.AddWorkerArgs(r, jobs.Backfill{Name: b.Name}, &worker{b: b}); err != nil {
+	b = withDefaults(b)
+	if err := workers.AddWorkerArgs(r, jobs.Backfill{Name: b.Name}, &worker{b: b, set: s}); err != nil {
 		return err
 	}
 	s.byName[b.Name] = b
@@ -224,11 +172,11 @@ func Add(r *workers.Registry, b Backfill) error {
 }
 
 // Registered returns the backfills registered on r, sorted by name.
-func Registered(r *workers.Registry) []Backfill {
+func Registered(r *workers.Registry) []workers.Backfill {
 	s := setOf(r)
 	names := slices.Clone(s.order)
 	slices.Sort(names)
-	out := make([]Backfill, len(names))
+	out := make([]workers.Backfill, len(names))
 	for i, n := range names {
 		out[i] = s.byName[n]
 	}
@@ -237,7 +185,7 @@ func Registered(r *workers.Registry) []Backfill {
 
 // Lookup returns the backfill registered on r under name, or NOT_FOUND naming
 // the ones that are.
-func Lookup(r *workers.Registry, name string) (Backfill, error) {
+func Lookup(r *workers.Registry, name string) (workers.Backfill, error) {
 	s := setOf(r)
 	if b, ok := s.byName[name]; ok {
 		return b, nil
@@ -245,7 +193,7 @@ func Lookup(r *workers.Registry, name string) (Backfill, error) {
 	known := slices.Clone(s.order)
 	slices.Sort(known)
 	if len(known) == 0 {
-		return Backfill{}, fault.New(fault.NotFound, "unknown backfill %q: this binary registers no backfills", name)
+		return workers.Backfill{}, fault.New(fault.NotFound, "unknown backfill %q: this binary registers no backfills", name)
 	}
-	return Backfill{}, fault.New(fault.NotFound, "unknown backfill %q: this binary knows %s", name, strings.Join(known, ", "))
+	return workers.Backfill{}, fault.New(fault.NotFound, "unknown backfill %q: this binary knows %s", name, strings.Join(known, ", "))
 }

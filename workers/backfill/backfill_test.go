@@ -490,11 +490,11 @@ func TestRegisterRejectsBadBackfills(t *testing.T) {
 func TestDelay(t *testing.T) {
 	t.Parallel()
 	b := Backfill{Pause: 100 * time.Millisecond}
-	require.Equal(t, 100*time.Millisecond, b.Delay(1000, time.Second))
+	require.Equal(t, 100*time.Millisecond, delayAfter(b, 1000, time.Second))
 	b.MaxRowsPerSecond = 500 // 1,000 rows may take 2 s
-	require.Equal(t, 1500*time.Millisecond, b.Delay(1000, 500*time.Millisecond))
-	require.Equal(t, 100*time.Millisecond, b.Delay(1000, 3*time.Second), "the pause is the least")
-	require.Equal(t, 100*time.Millisecond, b.Delay(0, 0))
+	require.Equal(t, 1500*time.Millisecond, delayAfter(b, 1000, 500*time.Millisecond))
+	require.Equal(t, 100*time.Millisecond, delayAfter(b, 1000, 3*time.Second), "the pause is the least")
+	require.Equal(t, 100*time.Millisecond, delayAfter(b, 0, 0))
 }
 
 func TestJobArgsDecode(t *testing.T) {

@@ -147,7 +147,7 @@ WHERE id = ANY (ARRAY(SELECT id FROM %[1]s WHERE filled IS NULL ORDER BY id LIMI
 		mu.Lock()
 		batches = append(batches, run...)
 		mu.Unlock()
-		jobCount += db.MustCount(b, `SELECT count(*) FROM river_job WHERE kind = $1`, bk.Kind())
+		jobCount += db.MustCount(b, `SELECT count(*) FROM river_job WHERE kind = $1`, kindOf(bk))
 
 		// The single UPDATE of every row of a fresh table, with the writer
 		// beside it and the runtime still up.

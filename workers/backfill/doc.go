@@ -6,7 +6,7 @@
 //
 // An application registers a backfill in its module's Register function:
 //
-//	backfill.Add(reg, backfill.Backfill{
+//	workers.AddBackfill(reg, workers.Backfill{
 //		Name:      "inventory_normalized_name",
 //		BatchSize: 1000,
 //		Batch: func(ctx context.Context, tx pgx.Tx, n int) (int, error) {

@@ -82,8 +82,9 @@ func TestDrainTakesBatchesWhileFull(t *testing.T) {
 	dumpOnFailure(t, &log)
 	b := logged(fillBackfill("drain_fill", "drain_items", nil, nil), &log)
 	b.BatchSize = size
-	b.drain = time.Minute // at most half the job's timeout: 30 s
-	startWorker(t, db, registry(t, b), &workers.Options{PollInterval: 2 * time.Second})
+	reg := registry(t, b)
+	setOf(reg).drain = time.Minute // at most half the job's timeout: 30 s
+	startWorker(t, db, reg, &workers.Options{PollInterval: 2 * time.Second})
 
 	started := time.Now()
 	_, err := Start(ctx, db.Pool, b)
@@ -119,8 +120,9 @@ func TestDrainHandsOnAtItsDeadline(t *testing.T) {
 		return nil
 	}, nil), &log)
 	b.BatchSize = size
-	b.drain = 300 * time.Millisecond
-	startWorker(t, db, registry(t, b), nil)
+	reg := registry(t, b)
+	setOf(reg).drain = 300 * time.Millisecond
+	startWorker(t, db, reg, nil)
 	_, err := Start(ctx, db.Pool, b)
 	require.NoError(t, err)
 	waitState(t, db, b.Name, Done, 60*time.Second)
@@ -394,25 +396,25 @@ func TestBatchSizeLimits(t *testing.T) {
 	t.Parallel()
 	ok := func(context.Context, pgx.Tx, int) (int, error) { return 0, nil }
 	size := func(n int32) *int32 { return &n }
-	b := Backfill{Name: "x", Batch: ok}.withDefaults()
+	b := withDefaults(Backfill{Name: "x", Batch: ok})
 	require.Equal(t, DefaultBatchTime, b.BatchTime)
-	require.Equal(t, DefaultBatchSize, b.batchSize(nil))
-	require.Equal(t, 700, b.batchSize(size(700)))
-	require.Equal(t, DefaultBatchSize, b.batchSize(size(5000)), "a recorded size above BatchSize: BatchSize")
-	require.Equal(t, 1, b.batchSize(size(0)))
+	require.Equal(t, DefaultBatchSize, batchSize(b, nil))
+	require.Equal(t, 700, batchSize(b, size(700)))
+	require.Equal(t, DefaultBatchSize, batchSize(b, size(5000)), "a recorded size above BatchSize: BatchSize")
+	require.Equal(t, 1, batchSize(b, size(0)))
 
-	b = Backfill{Name: "x", Batch: ok, BatchSize: 50_000}.withDefaults()
-	require.Equal(t, DefaultBatchSize, b.batchSize(nil), "a run starts at 1000 rows")
-	require.Equal(t, 30_000, b.batchSize(size(30_000)))
+	b = withDefaults(Backfill{Name: "x", Batch: ok, BatchSize: 50_000})
+	require.Equal(t, DefaultBatchSize, batchSize(b, nil), "a run starts at 1000 rows")
+	require.Equal(t, 30_000, batchSize(b, size(30_000)))
 	b.MaxRowsPerSecond = 20_000 // 500 rows per 25 ms
-	require.Equal(t, 500, b.maxBatch())
-	require.Equal(t, 500, b.batchSize(nil))
+	require.Equal(t, 500, maxBatch(b))
+	require.Equal(t, 500, batchSize(b, nil))
 	b.MaxRowsPerSecond = 1
-	require.Equal(t, 1, b.maxBatch(), "at least 1 row")
+	require.Equal(t, 1, maxBatch(b), "at least 1 row")
 
-	b = Backfill{Name: "x", Batch: ok, BatchSize: 300, FixedBatchSize: true, MaxRowsPerSecond: 10}.withDefaults()
-	require.Equal(t, 300, b.batchSize(nil), "a fixed size is BatchSize")
-	require.Equal(t, 300, b.batchSize(size(20)))
+	b = withDefaults(Backfill{Name: "x", Batch: ok, BatchSize: 300, FixedBatchSize: true, MaxRowsPerSecond: 10})
+	require.Equal(t, 300, batchSize(b, nil), "a fixed size is BatchSize")
+	require.Equal(t, 300, batchSize(b, size(20)))
 
 	err := Add(workers.NewRegistry(), Backfill{Name: "x", Batch: ok, BatchTime: -time.Second})
 	require.True(t, fault.Has(err, fault.InvalidConfig), "%v", err)

@@ -10,13 +10,12 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
-	"github.com/bettercompute/bettercompute/workers/backfill"
 )
 
 // An application registers its backfill in its module's Register function;
 // operators then run it with better-compute backfill start NAME.
-func ExampleAdd() {
-	normalizeNames := backfill.Backfill{
+func Example() {
+	normalizeNames := workers.Backfill{
 		Name:      "inventory_normalized_name",
 		BatchSize: 1000,
 		// One batch: at most n unfinished rows, in the batch's transaction.
@@ -39,7 +38,7 @@ WHERE id = ANY (ARRAY(
 	module := cli.Module{
 		Name: "inventory",
 		Register: func(r *workers.Registry) error {
-			return backfill.Add(r, normalizeNames)
+			return workers.AddBackfill(r, normalizeNames)
 		},
 	}
 	_ = module // cli.Main(cli.App{Modules: []cli.Module{module}})

@@ -338,12 +338,13 @@ func TestLeaseLostMidBatchIsFenced(t *testing.T) {
 		}
 	}, nil)
 	b.BatchSize = size
-	b.drain = time.Minute // one job runs the batches, at most 30 s
 
 	promA := prometheus.NewRegistry()
 	// Worker A beats its identity's heartbeat once only, so that B, a restart of
 	// the same identity, takes it for a paused process and replaces it.
-	rtA := startWorker(t, db, registry(t, b), &workers.Options{Identity: "fence-test", Heartbeat: time.Hour,
+	reg := registry(t, b)
+	setOf(reg).drain = time.Minute // one job runs the batches, at most 30 s
+	rtA := startWorker(t, db, reg, &workers.Options{Identity: "fence-test", Heartbeat: time.Hour,
 		Metrics: workers.NewMetrics(promA)})
 	_, err := Start(ctx, db.Pool, b)
 	require.NoError(t, err)
@@ -371,9 +372,9 @@ func TestLeaseLostMidBatchIsFenced(t *testing.T) {
 	}
 	require.True(t, fault.Has(cause, fault.Fenced), "the batch was cancelled by the lost lease: %v", cause)
 	workertest.WaitFor(t, 60*time.Second, "worker A's backfill job outcome: fenced", func() bool {
-		return jobsOutcome(t, promA, b.Kind(), "fenced") >= 1
+		return jobsOutcome(t, promA, kindOf(b), "fenced") >= 1
 	})
-	require.Zero(t, jobsOutcome(t, promA, b.Kind(), "failed"), "a fenced batch is not a failure")
+	require.Zero(t, jobsOutcome(t, promA, kindOf(b), "failed"), "a fenced batch is not a failure")
 
 	p := waitState(t, db, b.Name, Done, 60*time.Second)
 	requireRecount(t, db, b.Name, "fence_items", rows)

@@ -11,6 +11,7 @@ import (
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers"
 )
 
 // State is a backfill's state (see the package doc).
@@ -198,11 +199,11 @@ func lockRow(ctx context.Context, tx pgx.Tx, name string, create bool) (*Progres
 // Start starts b: a new run from zero counters, its first batch enqueued. It
 // returns CONFLICT when b is running or paused (Resume a paused one), and
 // INVALID_CONFIG for an invalid b. A done or cancelled backfill starts again.
-func Start(ctx context.Context, db pg.DBTX, b Backfill) (*Progress, error) {
-	if err := b.Validate(); err != nil {
+func Start(ctx context.Context, db pg.DBTX, b workers.Backfill) (*Progress, error) {
+	if err := validate(b); err != nil {
 		return nil, err
 	}
-	b = b.withDefaults()
+	b = withDefaults(b)
 	var out *Progress
 	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		p, err := lockRow(ctx, tx, b.Name, true)

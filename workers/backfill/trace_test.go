@@ -56,7 +56,7 @@ func TestEachBatchIsASpan(t *testing.T) {
 		}
 		require.Equal(t, b.Name, got[string(tracing.Backfill)])
 		require.Equal(t, tracing.OutcomeCompleted, got[string(tracing.Outcome)])
-		require.Equal(t, "river.work/"+b.Kind(), names[s.Parent().SpanID()], "no cause: the parent is River's span of the backfill's job")
+		require.Equal(t, "river.work/"+kindOf(b), names[s.Parent().SpanID()], "no cause: the parent is River's span of the backfill's job")
 		require.Empty(t, s.Links())
 	}
 }

@@ -23,7 +23,8 @@ import (
 // worker runs the batches of one backfill (its kind is backfill_<name>).
 type worker struct {
 	river.WorkerDefaults[jobs.Backfill]
-	b Backfill
+	b   workers.Backfill
+	set *set
 }
 
 // Timeout is the backfill's Timeout (0: the runtime's job timeout).
@@ -158,8 +159,8 @@ func (w *worker) timeout(ctx context.Context) time.Duration {
 // half of what is left of the job's timeout.
 func (w *worker) drainFor(ctx context.Context) time.Duration {
 	d := DrainFor
-	if w.b.drain != 0 {
-		d = w.b.drain
+	if w.set.drain != 0 {
+		d = w.set.drain
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		d = min(d, time.Until(dl)/2)
@@ -246,7 +247,7 @@ FOR UPDATE`, args.Name, args.Epoch, job.ID)
 		return pg.Translate(fmt.Errorf("error locking backfill %s: %w", args.Name, err))
 	}
 
-	size := w.b.batchSize(chosen)
+	size := batchSize(w.b, chosen)
 	start := time.Now()
 	n, err, panicked := w.callBatch(ctx, tx, size)
 	took := time.Since(start)
@@ -261,7 +262,7 @@ FOR UPDATE`, args.Name, args.Epoch, job.ID)
 	}
 	next := size
 	if !w.b.FixedBatchSize && n > 0 {
-		next = NextBatchSize(size, took, w.b.BatchTime, w.b.maxBatch())
+		next = NextBatchSize(size, took, w.b.BatchTime, maxBatch(w.b))
 	}
 
 	var (
@@ -278,7 +279,7 @@ FOR UPDATE`, args.Name, args.Epoch, job.ID)
 			}
 			estimate = &left
 		}
-		delay = w.b.Delay(n, took)
+		delay = delayAfter(w.b, n, took)
 		carry = !last && n >= size && ctx.Err() == nil && time.Now().Add(delay).Before(deadline)
 		if carry {
 			id := job.ID

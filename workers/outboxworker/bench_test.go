@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	dom "github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/workertest"
@@ -22,11 +22,11 @@ import (
 func appendBulk(b *testing.B, db *pg.Pool, n int) {
 	ctx := context.Background()
 	for done := 0; done < n; done += 1000 {
-		msgs := make([]dom.Message, min(1000, n-done))
+		msgs := make([]outbox.Message, min(1000, n-done))
 		for i := range msgs {
-			msgs[i] = dom.Message{Topic: "bench", Key: fmt.Sprint(done + i), Payload: map[string]int{"i": done + i}}
+			msgs[i] = outbox.Message{Topic: "bench", Key: fmt.Sprint(done + i), Payload: map[string]int{"i": done + i}}
 		}
-		require.NoError(b, pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error { return dom.AppendTx(ctx, tx, msgs...) }))
+		require.NoError(b, pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error { return outbox.AppendTx(ctx, tx, msgs...) }))
 	}
 }
 
@@ -44,10 +44,10 @@ func BenchmarkSinkThroughput(b *testing.B) {
 		ctx := context.Background()
 
 		start := time.Now()
-		var c dom.Cursor
+		var c outbox.Cursor
 		read := 0
 		for read < perRound {
-			evs, next, _, err := dom.Read(ctx, db.Pool, dom.ReadOptions{After: c, Limit: 1000})
+			evs, next, _, err := outbox.Read(ctx, db.Pool, outbox.ReadOptions{After: c, Limit: 1000})
 			require.NoError(b, err)
 			read += len(evs)
 			c = next
@@ -55,7 +55,7 @@ func BenchmarkSinkThroughput(b *testing.B) {
 		readRate := float64(perRound) / time.Since(start).Seconds()
 
 		reg := workers.NewRegistry()
-		require.NoError(b, Configure(reg, Options{PollEvery: 20 * time.Millisecond}))
+		require.NoError(b, Register(reg, &Options{PollEvery: 20 * time.Millisecond}))
 		// Timed from the first delivery to the last, so the worker's start-up
 		// (leases, River's leader election, the first poll) is not counted.
 		var mu sync.Mutex
@@ -73,7 +73,7 @@ func BenchmarkSinkThroughput(b *testing.B) {
 		}}))
 		rt := workertest.Start(b, db.Pool, reg, nil)
 		workertest.WaitFor(b, 5*time.Minute, "all delivered", func() bool {
-			s, err := dom.GetSink(ctx, db.Pool, "noop")
+			s, err := outbox.GetSink(ctx, db.Pool, "noop")
 			require.NoError(b, err)
 			return s.Delivered == perRound
 		})
@@ -130,7 +130,7 @@ func BenchmarkCommitToDelivery(b *testing.B) {
 		peerDone := make(chan struct{})
 		go func() {
 			defer close(peerDone)
-			var c dom.Cursor
+			var c outbox.Cursor
 			t := time.NewTimer(0)
 			defer t.Stop()
 			for {
@@ -140,7 +140,7 @@ func BenchmarkCommitToDelivery(b *testing.B) {
 				case <-t.C:
 				}
 				for {
-					evs, next, scanned, err := dom.Read(peerCtx, db.Pool, dom.ReadOptions{After: c, Limit: 1000})
+					evs, next, scanned, err := outbox.Read(peerCtx, db.Pool, outbox.ReadOptions{After: c, Limit: 1000})
 					if err != nil {
 						if peerCtx.Err() == nil {
 							b.Error(err)
@@ -175,11 +175,11 @@ func BenchmarkCommitToDelivery(b *testing.B) {
 			wg.Add(1)
 			go func() {
 				defer func() { <-sem; wg.Done() }()
-				msgs := make([]dom.Message, perTx)
+				msgs := make([]outbox.Message, perTx)
 				for i := range msgs {
-					msgs[i] = dom.Message{Topic: "bench", Key: fmt.Sprint(n + i)}
+					msgs[i] = outbox.Message{Topic: "bench", Key: fmt.Sprint(n + i)}
 				}
-				if err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error { return dom.AppendTx(ctx, tx, msgs...) }); err != nil {
+				if err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error { return outbox.AppendTx(ctx, tx, msgs...) }); err != nil {
 					b.Error(err)
 					return
 				}

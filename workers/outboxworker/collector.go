@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	dom "github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 )
@@ -33,7 +33,7 @@ type Collector struct {
 func NewCollector(db *pg.Pool, reg *workers.Registry) (*Collector, error) {
 	c := &Collector{db: db,
 		lagEvents: prometheus.NewDesc("bettercompute_outbox_sink_lag_events",
-			fmt.Sprintf("Events after the sink's cursor, not yet delivered (counted up to %d), by sink.", dom.LagCap), []string{"sink"}, nil),
+			fmt.Sprintf("Events after the sink's cursor, not yet delivered (counted up to %d), by sink.", outbox.LagCap), []string{"sink"}, nil),
 		lagSeconds: prometheus.NewDesc("bettercompute_outbox_sink_lag_seconds",
 			"Age of the oldest readable event the sink has not delivered (0 when none), by sink.", []string{"sink"}, nil),
 		paused: prometheus.NewDesc("bettercompute_outbox_sink_paused",
@@ -41,7 +41,7 @@ func NewCollector(db *pg.Pool, reg *workers.Registry) (*Collector, error) {
 		failures: prometheus.NewDesc("bettercompute_outbox_sink_failures",
 			"The sink's failed deliveries in a row (0 after a success), by sink.", []string{"sink"}, nil),
 		backlog: prometheus.NewDesc("bettercompute_outbox_dispatcher_backlog",
-			fmt.Sprintf("Rows waiting in the dispatcher's outbox table (counted up to %d), by dispatcher.", dom.StatsCap), []string{"dispatcher"}, nil),
+			fmt.Sprintf("Rows waiting in the dispatcher's outbox table (counted up to %d), by dispatcher.", outbox.StatsCap), []string{"dispatcher"}, nil),
 		failing: prometheus.NewDesc("bettercompute_outbox_dispatcher_failing_keys",
 			"Keys of the dispatcher's table with a row whose publish failed and waits for its retry, by dispatcher.", []string{"dispatcher"}, nil),
 		oldestXact: prometheus.NewDesc("bettercompute_outbox_oldest_write_transaction_seconds",
@@ -83,7 +83,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
-	if sinks, err := dom.ListSinks(ctx, c.db); err != nil {
+	if sinks, err := outbox.ListSinks(ctx, c.db); err != nil {
 		invalid(err, c.lagEvents, c.lagSeconds, c.paused, c.failures)
 	} else {
 		for _, s := range sinks {
@@ -102,12 +102,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.backlog, float64(st.Backlog), d.Name())
 		gauge(c.failing, float64(st.FailingKeys), d.Name())
 	}
-	if age, _, err := dom.OldestWriteXact(ctx, c.db); err != nil {
+	if age, _, err := outbox.OldestWriteXact(ctx, c.db); err != nil {
 		invalid(fmt.Errorf("error listing the open write transactions: %w", err), c.oldestXact)
 	} else {
 		gauge(c.oldestXact, age.Seconds())
 	}
-	if _, n, err := dom.HeldBack(ctx, c.db); err != nil {
+	if _, n, err := outbox.HeldBack(ctx, c.db); err != nil {
 		invalid(fmt.Errorf("error counting the events held back: %w", err), c.heldBack)
 	} else {
 		gauge(c.heldBack, float64(n))

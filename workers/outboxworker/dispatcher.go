@@ -12,7 +12,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/rs/zerolog"
 
-	dom "github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
@@ -60,14 +60,14 @@ type DispatcherOptions[T any] struct {
 // guarantees are in the package doc.
 type Dispatcher[T any] struct {
 	o DispatcherOptions[T]
-	c *dom.Compiled
+	c *outbox.Compiled
 
 	mu  sync.Mutex
 	cur *passRun // the pass running in this process, if any
 
 	// beforeFinish, a test hook (nil outside tests), runs after a batch was
 	// published, before its end is written.
-	beforeFinish func(o dom.Outcome)
+	beforeFinish func(o outbox.Outcome)
 }
 
 type passRun struct {
@@ -96,7 +96,7 @@ func NewDispatcher[T any](o DispatcherOptions[T]) (*Dispatcher[T], error) {
 	if o.Concurrency < 0 {
 		return nil, fault.New(fault.InvalidConfig, "outbox dispatcher %s: concurrency %d is negative", o.Name, o.Concurrency)
 	}
-	c, err := dom.Compile(dom.Table{Table: o.Table, OrderBy: o.OrderBy, Sequence: o.Sequence, Where: o.Where,
+	c, err := outbox.Compile(outbox.Table{Table: o.Table, OrderBy: o.OrderBy, Sequence: o.Sequence, Where: o.Where,
 		BatchSize: o.BatchSize, ClaimTimeout: o.ClaimTimeout})
 	if err != nil {
 		return nil, err
@@ -119,10 +119,10 @@ type passer interface {
 	pass(ctx context.Context, db pg.DBTX, log zerolog.Logger, budget time.Duration) (n int, more bool, err error)
 	interval() time.Duration
 	timeout() time.Duration
-	stats(ctx context.Context, db pg.DBTX) (dom.TableStats, error)
+	stats(ctx context.Context, db pg.DBTX) (outbox.TableStats, error)
 }
 
-func (d *Dispatcher[T]) stats(ctx context.Context, db pg.DBTX) (dom.TableStats, error) {
+func (d *Dispatcher[T]) stats(ctx context.Context, db pg.DBTX) (outbox.TableStats, error) {
 	return d.c.Stats(ctx, db)
 }
 
@@ -255,9 +255,9 @@ func (d *Dispatcher[T]) run(ctx context.Context, db pg.DBTX, log zerolog.Logger,
 // publishBatch publishes b: each key's rows in sequence order, up to
 // Concurrency keys at once. A failure holds back the rest of its key; the batch
 // deadline stops every key from starting another publish. Then it ends the batch.
-func (d *Dispatcher[T]) publishBatch(ctx context.Context, db pg.DBTX, log zerolog.Logger, b *dom.Batch) (int, error) {
+func (d *Dispatcher[T]) publishBatch(ctx context.Context, db pg.DBTX, log zerolog.Logger, b *outbox.Batch) (int, error) {
 	var order []string
-	groups := map[string][]dom.Claimed{}
+	groups := map[string][]outbox.Claimed{}
 	for _, r := range b.Rows {
 		if _, ok := groups[r.Key]; !ok {
 			order = append(order, r.Key)
@@ -269,7 +269,7 @@ func (d *Dispatcher[T]) publishBatch(ctx context.Context, db pg.DBTX, log zerolo
 
 	var (
 		mu  sync.Mutex
-		out dom.Outcome
+		out outbox.Outcome
 		wg  sync.WaitGroup
 	)
 	sem := make(chan struct{}, d.o.Concurrency)
@@ -295,13 +295,13 @@ func (d *Dispatcher[T]) publishBatch(ctx context.Context, db pg.DBTX, log zerolo
 					mu.Unlock()
 					continue
 				}
-				out.Failed = append(out.Failed, dom.Failure{Seq: r.Seq, Err: err.Error()})
+				out.Failed = append(out.Failed, outbox.Failure{Seq: r.Seq, Err: err.Error()})
 				for _, rest := range rows[i+1:] {
 					out.Released = append(out.Released, rest.Seq)
 				}
 				mu.Unlock()
 				log.Warn().Err(err).Str("key", r.Key).Int64("seq", r.Seq).Int("attempts", r.Attempts+1).
-					Dur("retry_in", dom.Backoff(r.Attempts+1)).Msg("outbox delivery failed")
+					Dur("retry_in", outbox.Backoff(r.Attempts+1)).Msg("outbox delivery failed")
 				return
 			}
 		}()
@@ -321,7 +321,7 @@ func (d *Dispatcher[T]) publishBatch(ctx context.Context, db pg.DBTX, log zerolo
 	return len(out.Published) + len(out.Failed), nil
 }
 
-func (d *Dispatcher[T]) publishOne(ctx context.Context, r dom.Claimed) (err error) {
+func (d *Dispatcher[T]) publishOne(ctx context.Context, r outbox.Claimed) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("publish panicked: %v", p)

@@ -16,7 +16,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	dom "github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/platform/clock"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
@@ -152,7 +152,7 @@ func TestDispatcherPerKeyOrderUnderRandomFailures(t *testing.T) {
 		require.Less(t, i, 100, "rows left after 100 passes")
 		_, err := d.Reconcile(ctx, db.Pool)
 		require.NoError(t, err)
-		_, err = clock.Advance(ctx, db.Pool, dom.MaxBackoff) // every retry is due
+		_, err = clock.Advance(ctx, db.Pool, outbox.MaxBackoff) // every retry is due
 		require.NoError(t, err)
 	}
 	l.check(t)
@@ -288,7 +288,7 @@ func TestDispatcherBatchOutlivingClaimTimeoutStartsNoFurtherPublish(t *testing.T
 	ctx := context.Background()
 	db := newDB(t)
 	insertReports(t, db.Pool, 2, 2) // rows 1 (k1), 2 (k2), 3 (k1), 4 (k2)
-	var outcomes []dom.Outcome
+	var outcomes []outbox.Outcome
 	d := newStockDispatcher(t, DispatcherOptions[report]{ClaimTimeout: 2 * time.Second, Concurrency: 1,
 		Publish: func(ctx context.Context, r report) error {
 			if r.Seq == 1 {
@@ -297,7 +297,7 @@ func TestDispatcherBatchOutlivingClaimTimeoutStartsNoFurtherPublish(t *testing.T
 			}
 			return nil
 		}})
-	d.beforeFinish = func(o dom.Outcome) { outcomes = append(outcomes, o) }
+	d.beforeFinish = func(o outbox.Outcome) { outcomes = append(outcomes, o) }
 	n, err := d.Reconcile(ctx, db.Pool)
 	require.NoError(t, err)
 	require.Equal(t, 4, n)
@@ -327,7 +327,7 @@ func TestDispatcherPublishes16KeysAtOnceByDefault(t *testing.T) {
 			return nil
 		}})
 	var sizes []int
-	d.beforeFinish = func(o dom.Outcome) { sizes = append(sizes, len(o.Published)+len(o.Failed)+len(o.Released)) }
+	d.beforeFinish = func(o outbox.Outcome) { sizes = append(sizes, len(o.Published)+len(o.Failed)+len(o.Released)) }
 	done := make(chan int, 1)
 	go func() {
 		n, err := d.Reconcile(ctx, db.Pool)

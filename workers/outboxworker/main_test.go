@@ -15,7 +15,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	dom "github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/domain/outbox/outboxtest"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
@@ -70,7 +70,7 @@ func runChild(mode, url string) int {
 	switch mode {
 	case "sink-die", "sink-pause":
 		reg := workers.NewRegistry()
-		if err := Configure(reg, Options{PollEvery: 20 * time.Millisecond}); err != nil {
+		if err := Register(reg, &Options{PollEvery: 20 * time.Millisecond}); err != nil {
 			panic(err)
 		}
 		if err := AddSink(reg, Sink{Name: "s", Handle: recordReceived(db, "child")}); err != nil {
@@ -112,7 +112,7 @@ func runChild(mode, url string) int {
 		if err != nil {
 			panic(err)
 		}
-		d.beforeFinish = func(dom.Outcome) { say("PUBLISHED"); block() }
+		d.beforeFinish = func(outbox.Outcome) { say("PUBLISHED"); block() }
 		_, _ = d.Reconcile(ctx, db)
 	}
 	return 3
@@ -223,13 +223,13 @@ func appendEvents(t testing.TB, db *pg.Pool, topic string, n int) []string {
 	ctx := context.Background()
 	for i := 0; i < n; i++ {
 		require.NoError(t, pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
-			return dom.AppendTx(ctx, tx, dom.Message{Topic: topic, Key: fmt.Sprint(i), Payload: i})
+			return outbox.AppendTx(ctx, tx, outbox.Message{Topic: topic, Key: fmt.Sprint(i), Payload: i})
 		}))
 	}
 	ids := storedIDs(t, db, topic)
 	// Readable only once every older transaction of the cluster ended (another
 	// test's): wait for it, so a test's first delivery sees the whole batch.
-	outboxtest.ReadN(t, db, dom.Cursor{}, len(ids), topic)
+	outboxtest.ReadN(t, db, outbox.Cursor{}, len(ids), topic)
 	return ids
 }
 
@@ -255,7 +255,7 @@ func receivedBy(t testing.TB, db *pg.Pool, by string) []string {
 
 func sinkCursor(t testing.TB, db *pg.Pool, name string) string {
 	t.Helper()
-	p, err := dom.SinkCursor(context.Background(), db, name)
+	p, err := outbox.SinkCursor(context.Background(), db, name)
 	require.NoError(t, err)
 	return p.Cursor.String()
 }

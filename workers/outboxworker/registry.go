@@ -9,7 +9,7 @@ import (
 
 	"github.com/riverqueue/river"
 
-	dom "github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
@@ -64,7 +64,7 @@ func (o Options) withDefaults() Options {
 type state struct {
 	mu          sync.Mutex
 	opts        Options
-	sinks       map[string]*Sink
+	sinks       map[string]*workers.Sink
 	dispatchers map[string]passer
 	busy        map[string]chan struct{} // per sink: held while a delivery runs in this process
 
@@ -74,40 +74,36 @@ type state struct {
 	// savepoint, after the fence and the handler, before the advance): it must
 	// not wait for a lock that transaction holds (the lease's takeover, the
 	// job's row). afterAdvance is not called when the handler failed.
-	afterHandle  func(sink string, events []Event)
+	afterHandle  func(sink string, events []outbox.Event)
 	afterAdvance func(sink string, err error)
 }
 
 func newState() *state {
-	return &state{opts: Options{}.withDefaults(), sinks: map[string]*Sink{}, dispatchers: map[string]passer{}, busy: map[string]chan struct{}{}}
+	return &state{opts: Options{}.withDefaults(), sinks: map[string]*workers.Sink{}, dispatchers: map[string]passer{}, busy: map[string]chan struct{}{}}
 }
 
 // stateOf returns reg's outbox machinery, installing it on first use.
 func stateOf(reg *workers.Registry) (*state, error) { return workers.Use(reg, newState) }
 
-// Register adds the outbox machinery to reg: the sink delivery worker, the
+// Register adds the outbox machinery to reg, with o's options (nil: the
+// defaults; zero fields take their defaults): the sink delivery worker, the
 // dispatcher pass worker, the periodic retention job, and the start hook that
-// creates sink state and polls idle sinks. It is idempotent; AddSink,
-// AddDispatcher and Configure call it. The built-in outbox module registers it
-// in every worker process, so retention runs even with no sink. It returns
-// INVALID_CONFIG if one of its job kinds is already taken in reg.
-func Register(reg *workers.Registry) error {
-	_, err := stateOf(reg)
-	return err
-}
-
-// Configure sets reg's outbox options (zero fields take their defaults). An
-// application calls it from its module's Register; the last call wins.
-func Configure(reg *workers.Registry, o Options) error {
+// creates sink state and polls idle sinks; it then runs the sinks added with
+// workers.AddSink. The built-in outbox module registers it in every worker
+// process (cli.App, before an application's modules), so retention runs even
+// with no sink; an application that sets options calls it again from its own
+// Register, and the last options win. It returns INVALID_CONFIG for bad
+// options, or if one of its job kinds is already taken in reg.
+func Register(reg *workers.Registry, o *Options) error {
+	st, err := stateOf(reg)
+	if err != nil || o == nil {
+		return err
+	}
 	if o.PollEvery < 0 || o.Retain < 0 || o.RetentionEvery < 0 || o.SinkMaxBackoff < 0 || o.RetentionBatch < 0 || o.RetentionMaxBatches < 0 {
 		return fault.New(fault.InvalidConfig, "outbox options: durations and counts must not be negative")
 	}
 	if o.PollEvery > 0 && o.PollEvery < time.Millisecond {
 		return fault.New(fault.InvalidConfig, "outbox options: PollEvery %s is too short (at least 1ms)", o.PollEvery)
-	}
-	st, err := stateOf(reg)
-	if err != nil {
-		return err
 	}
 	st.mu.Lock()
 	st.opts = o.withDefaults()
@@ -125,6 +121,7 @@ func (st *state) options() Options {
 func (st *state) Install(reg *workers.Registry) error {
 	reg.OnStart(st.start)
 	return errors.Join(
+		workers.OnAdd(reg, st.addSink),
 		workers.AddMaintenanceWorker(reg, &deliverWorker{st: st}),
 		workers.AddMaintenanceWorker(reg, &retentionWorker{st: st}),
 		workers.AddMaintenanceWorker(reg, &dispatchWorker{st: st}),
@@ -147,7 +144,7 @@ func (s retentionSchedule) Next(t time.Time) time.Time { return t.Add(s.st.optio
 func (st *state) start(ctx context.Context, rt *workers.Runtime) error {
 	sinks := st.sinkList()
 	for _, s := range sinks {
-		if err := dom.EnsureSink(ctx, rt.Pool(), s.Name, s.From); err != nil {
+		if err := outbox.EnsureSink(ctx, rt.Pool(), s.Name, s.From); err != nil {
 			return err
 		}
 	}
@@ -157,10 +154,10 @@ func (st *state) start(ctx context.Context, rt *workers.Runtime) error {
 	return nil
 }
 
-func (st *state) sinkList() []*Sink {
+func (st *state) sinkList() []*workers.Sink {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	out := make([]*Sink, 0, len(st.sinks))
+	out := make([]*workers.Sink, 0, len(st.sinks))
 	for _, s := range st.sinks {
 		out = append(out, s)
 	}
@@ -168,7 +165,7 @@ func (st *state) sinkList() []*Sink {
 	return out
 }
 
-func (st *state) sink(name string) *Sink {
+func (st *state) sink(name string) *workers.Sink {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return st.sinks[name]
@@ -203,7 +200,7 @@ func EnsureSinks(ctx context.Context, db pg.DBTX, reg *workers.Registry) error {
 		return err
 	}
 	for _, s := range st.sinkList() {
-		if err := dom.EnsureSink(ctx, db, s.Name, s.From); err != nil {
+		if err := outbox.EnsureSink(ctx, db, s.Name, s.From); err != nil {
 			return err
 		}
 	}

@@ -6,7 +6,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
-	dom "github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
@@ -41,7 +41,7 @@ func Prune(ctx context.Context, db pg.DBTX, o Options) (int, error) {
 		var n int
 		err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 			var err error
-			n, err = dom.Prune(ctx, tx, dom.PruneOptions{Keep: o.Retain, Batch: o.RetentionBatch})
+			n, err = outbox.Prune(ctx, tx, outbox.PruneOptions{Keep: o.Retain, Batch: o.RetentionBatch})
 			return err
 		})
 		total += n

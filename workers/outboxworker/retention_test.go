@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	dom "github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
@@ -20,13 +20,13 @@ func TestRetentionJobPrunesWhatEverySinkPassed(t *testing.T) {
 	ctx := context.Background()
 	db := newDB(t)
 	reg := workers.NewRegistry()
-	require.NoError(t, Configure(reg, Options{PollEvery: 20 * time.Millisecond, Retain: time.Nanosecond,
+	require.NoError(t, Register(reg, &Options{PollEvery: 20 * time.Millisecond, Retain: time.Nanosecond,
 		RetentionEvery: 100 * time.Millisecond, RetentionBatch: 3}))
 	var fast, slow collector
 	require.NoError(t, AddSink(reg, Sink{Name: "fast", Handle: fast.handle}))
 	require.NoError(t, AddSink(reg, Sink{Name: "slow", Handle: slow.handle}))
 	require.NoError(t, EnsureSinks(ctx, db.Pool, reg))
-	require.NoError(t, dom.PauseSink(ctx, db.Pool, "slow"))
+	require.NoError(t, outbox.PauseSink(ctx, db.Pool, "slow"))
 	ids := appendEvents(t, db.Pool, "t", 10)
 	// Leases that outlast a starved machine: the exact deliveries asserted
 	// below would otherwise be legitimately repeated after a lost lease.
@@ -40,22 +40,22 @@ func TestRetentionJobPrunesWhatEverySinkPassed(t *testing.T) {
 
 	// An operator moves the paused sink's cursor past 4 events: retention
 	// removes exactly those (in batches of 3); once resumed and caught up, all.
-	_, err := dom.ResetSink(ctx, db.Pool, "slow", dom.After(mustCursor(t, ids[3])))
+	_, err := outbox.ResetSink(ctx, db.Pool, "slow", outbox.After(mustCursor(t, ids[3])))
 	require.NoError(t, err)
 	workertest.WaitFor(t, 30*time.Second, "pruned up to the slow cursor", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM compute_events`) == 6
 	})
 	require.Equal(t, ids[4:], storedIDs(t, db.Pool, "t"))
-	require.NoError(t, dom.ResumeSink(ctx, db.Pool, "slow"))
+	require.NoError(t, outbox.ResumeSink(ctx, db.Pool, "slow"))
 	workertest.WaitFor(t, 30*time.Second, "all pruned once both passed", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM compute_events`) == 0
 	})
 	require.Equal(t, ids[4:], slow.ids())
 }
 
-func mustCursor(t testing.TB, s string) dom.Cursor {
+func mustCursor(t testing.TB, s string) outbox.Cursor {
 	t.Helper()
-	c, err := dom.ParseCursor(s)
+	c, err := outbox.ParseCursor(s)
 	require.NoError(t, err)
 	return c
 }

@@ -14,7 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/bettercompute/bettercompute/domain/lease"
-	dom "github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
@@ -22,85 +22,9 @@ import (
 	"github.com/bettercompute/bettercompute/workers"
 )
 
-// Event is an event of the log, as a sink's handler receives it (see
-// domain/outbox.Event). Its ID (TXID:SEQ) is the idempotency key.
-type Event = dom.Event
-
-// Sink is a named consumer of the event log with its own cursor and its own
-// lease (sink/<name>). It has one handler: Handle for an outside system (at
-// least once), or HandleTx for writes into this database (exactly once).
-type Sink struct {
-	// Name: a lowercase letter, then up to 62 of [a-z0-9_.-].
-	Name string
-	// Handle receives the next batch, in (txid, seq) order, outside any
-	// transaction. The cursor moves past the batch only after Handle returned
-	// nil, so a batch is delivered at least once: after a crash, a lost lease or
-	// an error it is delivered again, whole. Use it for outside systems (a
-	// webhook, a broker, a search index) and make it idempotent with each
-	// event's ID. An error (or a panic) is retried with backoff (1 s, 2 s, 4 s …
-	// up to Options.SinkMaxBackoff) without holding back other sinks. ctx is
-	// cancelled when the sink's lease is lost or Timeout passes.
-	Handle func(ctx context.Context, events []Event) error
-	// HandleTx receives the next batch inside the fenced transaction that moves the
-	// cursor past it: its writes and the cursor commit together or not at all, so a
-	// sink writing to this database applies every event exactly once. Use it for
-	// projections, read models and counters kept in this database.
-	//
-	// The transaction is fenced (the sink's lease, the job's attempt) before
-	// HandleTx is called, and the fence holds a takeover back until it ends: a
-	// process that lost the lease gets FENCED and commits nothing. An error or a
-	// panic rolls the whole transaction back (none of the handler's writes, the
-	// cursor where it was), is recorded on the sink, and the batch is retried as
-	// Handle's is. If an operator resets the sink during the call, the handler's
-	// writes are rolled back (they run in a savepoint) and delivery goes on from
-	// the new cursor.
-	//
-	// Write through tx only (a write on another connection is outside the
-	// guarantee, back to at least once), and do not commit or roll it back. Keep
-	// it short: while the transaction is open it holds every reader of the log
-	// (every sink, the SSE stream) at its txid, and the sink's lease and job rows
-	// locked. Set either Handle or HandleTx, not both.
-	HandleTx func(ctx context.Context, tx pgx.Tx, events []Event) error
-	// Topics keeps only events of these topics (default: all). Others are moved
-	// past without a call.
-	Topics []string
-	// BatchSize is the most events one delivery reads (default 1,000).
-	BatchSize int
-	// From is where a new sink's cursor starts: domain/outbox.Start (every
-	// retained event, the default) or domain/outbox.End. An existing sink keeps
-	// its cursor.
-	From dom.Position
-	// Timeout bounds one delivery job, which may deliver several batches
-	// (default 1 min).
-	Timeout time.Duration
-}
-
-// AddSink registers a sink in reg, for every worker process built from it:
-// each process creates the sink's state at start and polls it; deliveries run as
-// River jobs (kind outbox_deliver) in the maintenance queue. It returns
-// INVALID_CONFIG for a bad or duplicate name, or unless exactly one of Handle
-// and HandleTx is set.
-//
-//	err := outboxworker.AddSink(reg, outboxworker.Sink{
-//		Name: "billing",
-//		Topics: []string{"usage.recorded"},
-//		Handle: func(ctx context.Context, events []outboxworker.Event) error {
-//			return billing.Record(ctx, events) // idempotent by event.ID
-//		},
-//	})
-//
-// A sink that writes into this database takes HandleTx, and gets each event
-// applied exactly once:
-//
-//	err := outboxworker.AddSink(reg, outboxworker.Sink{
-//		Name: "order_totals",
-//		Topics: []string{"orders.placed"},
-//		HandleTx: func(ctx context.Context, tx pgx.Tx, events []outboxworker.Event) error {
-//			return totals.ApplyTx(ctx, tx, events) // commits with the cursor
-//		},
-//	})
-func AddSink(reg *workers.Registry, s Sink) error {
-	if err := dom.ValidateSinkName(s.Name); err != nil {
+// addSink is the outbox's OnAdd for workers.AddSink: it checks s and keeps it.
+func (st *state) addSink(s workers.Sink) error {
+	if err := outbox.ValidateSinkName(s.Name); err != nil {
 		return err
 	}
 	switch {
@@ -117,10 +41,6 @@ func AddSink(reg *workers.Registry, s Sink) error {
 	}
 	if s.Timeout == 0 {
 		s.Timeout = time.Minute
-	}
-	st, err := stateOf(reg)
-	if err != nil {
-		return err
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -160,7 +80,7 @@ func (st *state) pump(rt *workers.Runtime) {
 			return
 		case <-t.C:
 		}
-		due, err := dom.DueSinks(ctx, rt.Pool(), names)
+		due, err := outbox.DueSinks(ctx, rt.Pool(), names)
 		if err != nil && ctx.Err() == nil {
 			log.Warn().Err(err).Msg("outbox: polling sinks failed")
 		}
@@ -169,7 +89,7 @@ func (st *state) pump(rt *workers.Runtime) {
 				log.Warn().Err(err).Str("sink", d.Name).Msg("outbox: cannot start a delivery")
 			}
 		}
-		n, err := dom.HandBackStale(ctx, rt.Pool(), names, jobs.OutboxDeliverKind, time.Now().Add(-ttl))
+		n, err := outbox.HandBackStale(ctx, rt.Pool(), names, jobs.OutboxDeliverKind, time.Now().Add(-ttl))
 		if err != nil && ctx.Err() == nil {
 			log.Warn().Err(err).Msg("outbox: handing back stale deliveries failed")
 		} else if n > 0 {
@@ -181,9 +101,9 @@ func (st *state) pump(rt *workers.Runtime) {
 
 // startDelivery inserts sink d's next delivery job, unless another process did
 // since d was read.
-func (st *state) startDelivery(ctx context.Context, rt *workers.Runtime, d dom.Due) error {
+func (st *state) startDelivery(ctx context.Context, rt *workers.Runtime, d outbox.Due) error {
 	return pg.InTx(ctx, rt.Pool(), func(ctx context.Context, tx pgx.Tx) error {
-		ok, err := dom.ClaimSinkStartTx(ctx, tx, d.Name, d.JobID)
+		ok, err := outbox.ClaimSinkStartTx(ctx, tx, d.Name, d.JobID)
 		if err != nil || !ok {
 			return err
 		}
@@ -191,7 +111,7 @@ func (st *state) startDelivery(ctx context.Context, rt *workers.Runtime, d dom.D
 		if err != nil {
 			return err
 		}
-		return dom.SetSinkJobTx(ctx, tx, d.Name, res.Job.ID)
+		return outbox.SetSinkJobTx(ctx, tx, d.Name, res.Job.ID)
 	})
 }
 
@@ -257,7 +177,7 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[jobs.OutboxDeli
 	defer unlock()
 
 	db, opts := rt.Pool(), rt.Options()
-	l, err := lease.Acquire(ctx, db, dom.SinkLease(name), rt.Owner(), opts.LeaseTTL)
+	l, err := lease.Acquire(ctx, db, outbox.SinkLease(name), rt.Owner(), opts.LeaseTTL)
 	if fault.Has(err, fault.Conflict) {
 		return fault.Wrap(fault.Fenced, err, "sink %s is being delivered by another process", name)
 	}
@@ -281,7 +201,7 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[jobs.OutboxDeli
 // delivery is one delivery job's run, under the sink's lease l.
 type delivery struct {
 	st       *state
-	s        *Sink
+	s        *workers.Sink
 	job      *river.Job[jobs.OutboxDeliver]
 	db       *pg.Pool
 	l        lease.Lease
@@ -293,7 +213,7 @@ type delivery struct {
 // run delivers batches from the cursor until the sink is caught up, a batch
 // comes back short, or the job's budget is spent.
 func (d *delivery) run(ctx context.Context) error {
-	from, err := dom.SinkCursor(ctx, d.db, d.s.Name)
+	from, err := outbox.SinkCursor(ctx, d.db, d.s.Name)
 	if err != nil {
 		return d.fenced(ctx, err)
 	}
@@ -302,7 +222,7 @@ func (d *delivery) run(ctx context.Context) error {
 	}
 	budget := time.Now().Add(min(sinkJobBudget, d.s.Timeout/2))
 	for {
-		events, next, scanned, err := dom.Read(ctx, d.db, dom.ReadOptions{After: from.Cursor, Limit: d.s.BatchSize, Topics: d.s.Topics})
+		events, next, scanned, err := outbox.Read(ctx, d.db, outbox.ReadOptions{After: from.Cursor, Limit: d.s.BatchSize, Topics: d.s.Topics})
 		if err != nil {
 			return d.fenced(ctx, err)
 		}
@@ -317,7 +237,7 @@ func (d *delivery) run(ctx context.Context) error {
 		}
 		// A pause during the batch let it complete (the advance above) and
 		// starts no further one: read the sink's state again.
-		if from, err = dom.SinkCursor(ctx, d.db, d.s.Name); err != nil {
+		if from, err = outbox.SinkCursor(ctx, d.db, d.s.Name); err != nil {
 			return d.fenced(ctx, err)
 		}
 		if from.Paused {
@@ -328,7 +248,7 @@ func (d *delivery) run(ctx context.Context) error {
 
 // deliver delivers one batch read from from: the handler, then the cursor's
 // advance (finish, the job's last, when last).
-func (d *delivery) deliver(ctx context.Context, from dom.SinkPosition, next dom.Cursor, events []Event, scanned int,
+func (d *delivery) deliver(ctx context.Context, from outbox.SinkPosition, next outbox.Cursor, events []outbox.Event, scanned int,
 	budget time.Time) (last, moved bool, err error) {
 	if d.s.Handle != nil {
 		if err := d.handle(ctx, from, events); err != nil {
@@ -351,7 +271,7 @@ const DeliverSpan = "bettercompute.outbox.deliver"
 // comes from many requests, so the span belongs to the first one's trace rather
 // than to the delivery job's (River's span, when there is one, is a link). A
 // batch with no event of the sink's topics has no span.
-func (d *delivery) span(ctx context.Context, events []Event) (context.Context, trace.Span) {
+func (d *delivery) span(ctx context.Context, events []outbox.Event) (context.Context, trace.Span) {
 	if len(events) == 0 {
 		return ctx, noop.Span{}
 	}
@@ -383,7 +303,7 @@ func (d *delivery) fenced(ctx context.Context, err error) error {
 
 // handle calls the sink's Handle with one batch, outside any transaction, and
 // records a failure on the sink (shown by sinks list).
-func (d *delivery) handle(ctx context.Context, from dom.SinkPosition, events []Event) error {
+func (d *delivery) handle(ctx context.Context, from outbox.SinkPosition, events []outbox.Event) error {
 	if len(events) > 0 {
 		if err := callHandler(ctx, d.s, events); err != nil {
 			return d.failed(ctx, from, events, err)
@@ -396,10 +316,10 @@ func (d *delivery) handle(ctx context.Context, from dom.SinkPosition, events []E
 // failed is the delivery's error when the handler (Handle or HandleTx) returned
 // err for events: FENCED when the lease was lost meanwhile; otherwise err,
 // recorded on the sink (shown by sinks list) and logged.
-func (d *delivery) failed(ctx context.Context, from dom.SinkPosition, events []Event, err error) error {
+func (d *delivery) failed(ctx context.Context, from outbox.SinkPosition, events []outbox.Event, err error) error {
 	err = d.fenced(ctx, err)
 	if !fault.Has(err, fault.Fenced) {
-		if rerr := dom.RecordSinkFailure(context.WithoutCancel(ctx), d.db, d.s.Name, err.Error()); rerr != nil {
+		if rerr := outbox.RecordSinkFailure(context.WithoutCancel(ctx), d.db, d.s.Name, err.Error()); rerr != nil {
 			d.log.Warn().Err(rerr).Msg("outbox: cannot record the failure")
 		}
 		d.log.Warn().Err(err).Int("events", len(events)).Str("from", from.Cursor.String()).Int("attempt", d.job.Attempt).
@@ -423,9 +343,9 @@ func (d *delivery) failed(ctx context.Context, from dom.SinkPosition, events []E
 //
 // A handler's error comes back as a *handlerError; tx is then to be rolled
 // back (the savepoint is already).
-func (d *delivery) applyTx(ctx context.Context, tx pgx.Tx, from dom.SinkPosition, next dom.Cursor, events []Event) (moved bool, err error) {
+func (d *delivery) applyTx(ctx context.Context, tx pgx.Tx, from outbox.SinkPosition, next outbox.Cursor, events []outbox.Event) (moved bool, err error) {
 	if d.s.HandleTx == nil {
-		return dom.AdvanceSinkTx(ctx, tx, d.s.Name, from, next, len(events))
+		return outbox.AdvanceSinkTx(ctx, tx, d.s.Name, from, next, len(events))
 	}
 	err = pg.InTx(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 		if len(events) > 0 {
@@ -435,7 +355,7 @@ func (d *delivery) applyTx(ctx context.Context, tx pgx.Tx, from dom.SinkPosition
 		}
 		d.afterHandle(events)
 		var err error
-		moved, err = dom.AdvanceSinkTx(ctx, tx, d.s.Name, from, next, len(events))
+		moved, err = outbox.AdvanceSinkTx(ctx, tx, d.s.Name, from, next, len(events))
 		if err == nil && !moved {
 			return errNotMoved
 		}
@@ -460,7 +380,7 @@ func (e *handlerError) Unwrap() error { return e.err }
 // advance moves the cursor past an intermediate batch (calling HandleTx first)
 // in a transaction fenced by the lease and the job's attempt. moved is false
 // when the sink was reset meanwhile: the delivery stops without moving it.
-func (d *delivery) advance(ctx context.Context, from dom.SinkPosition, next dom.Cursor, events []Event) (moved bool, err error) {
+func (d *delivery) advance(ctx context.Context, from outbox.SinkPosition, next outbox.Cursor, events []outbox.Event) (moved bool, err error) {
 	err = pg.InTx(ctx, d.db, func(ctx context.Context, tx pgx.Tx) error {
 		if err := workers.FenceTx(ctx, tx, d.l, d.job.JobRow); err != nil {
 			return err
@@ -486,7 +406,7 @@ func (d *delivery) advance(ctx context.Context, from dom.SinkPosition, next dom.
 // finish is the last advance: in the fenced job transaction it calls HandleTx,
 // moves the cursor, releases the lease, starts the next job when more is
 // pending, and completes this one.
-func (d *delivery) finish(ctx context.Context, from dom.SinkPosition, next dom.Cursor, events []Event, more bool) error {
+func (d *delivery) finish(ctx context.Context, from outbox.SinkPosition, next outbox.Cursor, events []outbox.Event, more bool) error {
 	name := d.s.Name
 	err := workers.InTxLease(ctx, d.job, d.l, func(ctx context.Context, tx pgx.Tx) error {
 		moved, err := d.applyTx(ctx, tx, from, next, events)
@@ -504,7 +424,7 @@ func (d *delivery) finish(ctx context.Context, from dom.SinkPosition, next dom.C
 			if err != nil {
 				return err
 			}
-			return dom.SetSinkJobTx(ctx, tx, name, res.Job.ID)
+			return outbox.SetSinkJobTx(ctx, tx, name, res.Job.ID)
 		}
 		return nil
 	})
@@ -522,7 +442,7 @@ func (d *delivery) finish(ctx context.Context, from dom.SinkPosition, next dom.C
 	return nil
 }
 
-func (d *delivery) afterHandle(events []Event) {
+func (d *delivery) afterHandle(events []outbox.Event) {
 	if d.st.afterHandle != nil {
 		d.st.afterHandle(d.s.Name, events)
 	}
@@ -539,7 +459,7 @@ func (d *delivery) afterAdvance(err error) {
 // maintenance worker for ever).
 const sinkJobBudget = 2 * time.Second
 
-func callHandler(ctx context.Context, s *Sink, events []Event) (err error) {
+func callHandler(ctx context.Context, s *workers.Sink, events []outbox.Event) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("sink %s: handler panicked: %v", s.Name, p)
@@ -548,7 +468,7 @@ func callHandler(ctx context.Context, s *Sink, events []Event) (err error) {
 	return s.Handle(ctx, events)
 }
 
-func callHandlerTx(ctx context.Context, s *Sink, tx pgx.Tx, events []Event) (err error) {
+func callHandlerTx(ctx context.Context, s *workers.Sink, tx pgx.Tx, events []outbox.Event) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("sink %s: handler panicked: %v", s.Name, p)

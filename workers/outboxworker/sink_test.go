@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/domain/lease"
-	dom "github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/workertest"
@@ -58,7 +58,7 @@ var steadyLeases = &workers.Options{LeaseTTL: 15 * time.Second, LeaseRenew: 5 * 
 func fastRegistry(t testing.TB) *workers.Registry {
 	t.Helper()
 	reg := workers.NewRegistry()
-	require.NoError(t, Configure(reg, Options{PollEvery: 20 * time.Millisecond, SinkMaxBackoff: 200 * time.Millisecond}))
+	require.NoError(t, Register(reg, &Options{PollEvery: 20 * time.Millisecond, SinkMaxBackoff: 200 * time.Millisecond}))
 	return reg
 }
 
@@ -82,11 +82,11 @@ func TestSinkDeliversEveryEventInOrder(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < 25; i++ {
 				err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-					msgs := []dom.Message{{Topic: "orders", Key: fmt.Sprintf("p%d-%d", p, i)}}
+					msgs := []outbox.Message{{Topic: "orders", Key: fmt.Sprintf("p%d-%d", p, i)}}
 					if i%2 == 0 {
-						msgs = append(msgs, dom.Message{Topic: "audit", Key: fmt.Sprintf("p%d-%d", p, i)})
+						msgs = append(msgs, outbox.Message{Topic: "audit", Key: fmt.Sprintf("p%d-%d", p, i)})
 					}
-					return dom.AppendTx(ctx, tx, msgs...)
+					return outbox.AppendTx(ctx, tx, msgs...)
 				})
 				if err != nil {
 					t.Error(err)
@@ -110,7 +110,7 @@ func TestSinkDeliversEveryEventInOrder(t *testing.T) {
 	all.mu.Unlock()
 
 	workertest.WaitFor(t, 10*time.Second, "cursor at the end", func() bool {
-		s, err := dom.GetSink(ctx, db.Pool, "all")
+		s, err := outbox.GetSink(ctx, db.Pool, "all")
 		require.NoError(t, err)
 		return s.LagRows == 0 && s.Delivered == int64(want)
 	})
@@ -146,7 +146,7 @@ func TestFailingSinkIsRetriedWithoutHoldingBackOthers(t *testing.T) {
 
 	workertest.WaitFor(t, 30*time.Second, "steady delivers while flaky fails", func() bool { return len(steady.ids()) == 5 })
 	workertest.WaitFor(t, 30*time.Second, "flaky's failures recorded", func() bool {
-		s, err := dom.GetSink(ctx, db.Pool, "flaky")
+		s, err := outbox.GetSink(ctx, db.Pool, "flaky")
 		require.NoError(t, err)
 		return s.Failures == 3 && s.LastError == "receiver down #3"
 	})
@@ -157,7 +157,7 @@ func TestFailingSinkIsRetriedWithoutHoldingBackOthers(t *testing.T) {
 	require.Equal(t, []string{ids[0], ids[0], ids[0], ids[0]}, firsts, "the same batch again")
 	flaky.mu.Unlock()
 	workertest.WaitFor(t, 10*time.Second, "failures cleared", func() bool {
-		s, err := dom.GetSink(ctx, db.Pool, "flaky")
+		s, err := outbox.GetSink(ctx, db.Pool, "flaky")
 		require.NoError(t, err)
 		return s.Failures == 0 && s.LastError == "" && s.Cursor.String() == ids[4]
 	})
@@ -178,14 +178,14 @@ func TestPausedSinkWaitsAndResumes(t *testing.T) {
 	workertest.WaitFor(t, 10*time.Second, "sink state created", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM compute_sinks`) == 2
 	})
-	require.NoError(t, dom.PauseSink(ctx, db.Pool, "paused"))
+	require.NoError(t, outbox.PauseSink(ctx, db.Pool, "paused"))
 	ids := appendEvents(t, db.Pool, "t", 2)
 	workertest.WaitFor(t, 30*time.Second, "canary delivered", func() bool { return len(canary.ids()) == 2 })
 	require.Empty(t, paused.ids())
 
-	require.NoError(t, dom.ResumeSink(ctx, db.Pool, "paused"))
+	require.NoError(t, outbox.ResumeSink(ctx, db.Pool, "paused"))
 	workertest.WaitFor(t, 30*time.Second, "resumed", func() bool { return len(paused.ids()) == 2 })
-	_, err := dom.ResetSink(ctx, db.Pool, "paused", dom.Start)
+	_, err := outbox.ResetSink(ctx, db.Pool, "paused", outbox.Start)
 	require.NoError(t, err)
 	workertest.WaitFor(t, 30*time.Second, "replayed", func() bool { return len(paused.ids()) == 4 })
 	require.Equal(t, append(append([]string{}, ids...), ids...), paused.ids())
@@ -229,7 +229,7 @@ func TestPausedSinkOwnerThatLostItsLeaseCannotAdvance(t *testing.T) {
 
 	var intruder lease.Lease
 	workertest.WaitFor(t, 30*time.Second, "the paused owner's lease expires and another owner takes it", func() bool {
-		l, err := lease.Acquire(ctx, db.Pool, dom.SinkLease("s"), "intruder", time.Minute)
+		l, err := lease.Acquire(ctx, db.Pool, outbox.SinkLease("s"), "intruder", time.Minute)
 		intruder = l
 		return err == nil
 	})
@@ -258,7 +258,7 @@ func TestAddSinkValidates(t *testing.T) {
 	require.NoError(t, AddSink(reg, Sink{Name: "ok", Handle: h}))
 	require.ErrorContains(t, AddSink(reg, Sink{Name: "ok", Handle: h}), "registered twice")
 	require.Equal(t, []string{"ok"}, Sinks(reg))
-	require.ErrorContains(t, Configure(reg, Options{PollEvery: -1}), "negative")
+	require.ErrorContains(t, Register(reg, &Options{PollEvery: -1}), "negative")
 }
 
 // TestSinkRetryScheduleDoublesUpToTheMax: the README's backoff between a
@@ -273,7 +273,7 @@ func TestSinkRetryScheduleDoublesUpToTheMax(t *testing.T) {
 	ctx := context.Background()
 	db := newDB(t)
 	reg := workers.NewRegistry()
-	require.NoError(t, Configure(reg, Options{PollEvery: 20 * time.Millisecond})) // SinkMaxBackoff: the default
+	require.NoError(t, Register(reg, &Options{PollEvery: 20 * time.Millisecond})) // SinkMaxBackoff: the default
 	proceed := make(chan struct{}, 16)
 	var mu sync.Mutex
 	var failedAt []time.Time // when each call returned its error
@@ -393,7 +393,7 @@ func TestPausingASinkLetsTheBatchInFlightComplete(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the first batch was never delivered")
 	}
-	require.NoError(t, dom.PauseSink(ctx, db.Pool, "p"))
+	require.NoError(t, outbox.PauseSink(ctx, db.Pool, "p"))
 	close(release)
 	workertest.WaitFor(t, 30*time.Second, "the batch in flight moved the cursor", func() bool { return sinkCursor(t, db.Pool, "p") == ids[1] })
 
@@ -404,7 +404,7 @@ func TestPausingASinkLetsTheBatchInFlightComplete(t *testing.T) {
 	require.Equal(t, ids[:2], p.ids(), "nothing delivered after the batch in flight while paused")
 	require.Equal(t, ids[1], sinkCursor(t, db.Pool, "p"))
 
-	require.NoError(t, dom.ResumeSink(ctx, db.Pool, "p"))
+	require.NoError(t, outbox.ResumeSink(ctx, db.Pool, "p"))
 	// The cursor ends at p's last event, or past it at the canary's when the
 	// resumed delivery's last read scanned that one too (not p's topic).
 	workertest.WaitFor(t, 30*time.Second, "resumed: the rest delivered", func() bool {

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/domain/lease"
-	dom "github.com/bettercompute/bettercompute/domain/outbox"
+	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/domain/outbox/outboxtest"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
@@ -77,7 +77,7 @@ func newAppliedDB(t *testing.T) *pgtest.DB {
 // delivery can read them all, so that its batches have their full size.
 func appendReadable(t *testing.T, db *pgtest.DB, n int) []string {
 	t.Helper()
-	cs := outboxtest.AppendIDs(t, db.Pool, dom.Cursor{}, "k", n)
+	cs := outboxtest.AppendIDs(t, db.Pool, outbox.Cursor{}, "k", n)
 	ids := make([]string, n)
 	for i, c := range cs {
 		ids[i] = c.String()
@@ -157,7 +157,7 @@ func TestHandleTxAppliesEachEventOnceDespiteFailures(t *testing.T) {
 	require.Equal(t, []string{"projection failed #1", "sink projection: handler panicked: projection failed #2", "projection failed #3"}, failed)
 	require.Equal(t, failed, seen, "each failure was recorded on the sink before its retry")
 	mu.Unlock()
-	s, err := dom.GetSink(ctx, db.Pool, "projection")
+	s, err := outbox.GetSink(ctx, db.Pool, "projection")
 	require.NoError(t, err)
 	require.Zero(t, s.Failures, "the successful advance cleared the failures")
 	require.Equal(t, int64(7), s.Delivered)
@@ -210,7 +210,7 @@ func TestHandleTxResetDuringDeliveryCommitsNoneOfTheBatch(t *testing.T) {
 					return
 				}
 				reset = true
-				if _, err := dom.ResetSink(context.WithoutCancel(ctx), db.Pool, sink, dom.Start); err != nil {
+				if _, err := outbox.ResetSink(context.WithoutCancel(ctx), db.Pool, sink, outbox.Start); err != nil {
 					t.Errorf("reset: %v", err)
 				}
 			}
@@ -262,7 +262,7 @@ func TestHandleTxFencedDeliveryCommitsNothing(t *testing.T) {
 		}
 		stolen = true
 		_, err := db.Exec(context.WithoutCancel(ctx), `UPDATE compute_leases
-SET owner = 'intruder', expires_at = clock_timestamp() + interval '1 minute' WHERE name = $1`, dom.SinkLease(sink))
+SET owner = 'intruder', expires_at = clock_timestamp() + interval '1 minute' WHERE name = $1`, outbox.SinkLease(sink))
 		if err != nil {
 			t.Errorf("steal the lease: %v", err)
 		}
@@ -288,7 +288,7 @@ SET owner = 'intruder', expires_at = clock_timestamp() + interval '1 minute' WHE
 	require.Equal(t, [][]string{ids[0:2]}, calls, "the fence came before the handler")
 
 	var intruder lease.Lease
-	require.NoError(t, db.QueryRow(ctx, `SELECT name, owner, epoch FROM compute_leases WHERE name = $1`, dom.SinkLease("projection")).
+	require.NoError(t, db.QueryRow(ctx, `SELECT name, owner, epoch FROM compute_leases WHERE name = $1`, outbox.SinkLease("projection")).
 		Scan(&intruder.Name, &intruder.Owner, &intruder.Epoch))
 	require.Equal(t, "intruder", intruder.Owner)
 	require.NoError(t, lease.Release(ctx, db.Pool, intruder))

@@ -25,7 +25,6 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/workertest"
-	"github.com/bettercompute/bettercompute/workers/workflowworker"
 )
 
 // The settings the workflow benchmarks share.
@@ -309,7 +308,7 @@ func benchSteps(b *testing.B, poll time.Duration) {
 	wf := benchStepsWorkflow("bench_steps", func(context.Context, pgx.Tx, string) error { w.last.Add(1); return nil })
 	w.registry = func() *workers.Registry {
 		reg := workers.NewRegistry()
-		require.NoError(b, workflowworker.Add(reg, wf))
+		require.NoError(b, addWorkflow(reg, wf))
 		return reg
 	}
 	w.start = func(ctx context.Context, tx pgx.Tx, id string) error {
@@ -327,7 +326,7 @@ func benchSteps(b *testing.B, poll time.Duration) {
 		return reg
 	}
 	h.start = func(ctx context.Context, tx pgx.Tx, id string) error {
-		_, err := jobs.InsertForKeyTx(ctx, tx, id, benchChainArgs{ID: id, Step: 1}, nil)
+		_, err := workers.InsertForKeyTx(ctx, tx, id, benchChainArgs{ID: id, Step: 1}, nil)
 		return err
 	}
 	h.done = func() bool {
@@ -525,7 +524,7 @@ func benchLatency(b *testing.B, poll time.Duration) {
 	l := benchListen()
 	wf := benchStepsWorkflow("bench_latency", l.done)
 	reg := workers.NewRegistry()
-	require.NoError(b, workflowworker.Add(reg, wf))
+	require.NoError(b, addWorkflow(reg, wf))
 	workertest.Start(b, db.Pool, reg, benchOpts(poll))
 
 	total := benchWarmup + b.N
@@ -609,7 +608,7 @@ func benchSignalLatency(b *testing.B, poll time.Duration) {
 		Signals: []string{"go"},
 	}
 	reg := workers.NewRegistry()
-	require.NoError(b, workflowworker.Add(reg, wf))
+	require.NoError(b, addWorkflow(reg, wf))
 	workertest.Start(b, db.Pool, reg, benchOpts(poll))
 
 	total := benchWarmup + b.N

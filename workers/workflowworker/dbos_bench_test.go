@@ -25,7 +25,6 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/workertest"
-	"github.com/bettercompute/bettercompute/workers/workflowworker"
 )
 
 // BenchmarkWorkflowVsDBOS: the workflow of BenchmarkWorkflowSteps (three
@@ -161,7 +160,7 @@ func benchVsOursStart(b *testing.B) (db *pgtest.DB, l *benchListener, start func
 	l = benchListen()
 	wf := benchStepsWorkflow("bench_vs_dbos", l.done)
 	reg := workers.NewRegistry()
-	require.NoError(b, workflowworker.Add(reg, wf))
+	require.NoError(b, addWorkflow(reg, wf))
 	workertest.Start(b, db.Pool, reg, benchOpts(config.DefaultPollInterval))
 	return db, l, func(id string) error {
 		return pg.InTx(context.Background(), db.Pool, func(ctx context.Context, tx pgx.Tx) error {

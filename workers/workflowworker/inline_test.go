@@ -48,9 +48,9 @@ func startChains(t *testing.T, opts workflowworker.Options, defs ...workflow.Def
 	db := pgtest.New(t)
 	db.MustExec(t, effectsDDL)
 	reg := workers.NewRegistry()
-	require.NoError(t, workflowworker.Configure(reg, opts))
+	require.NoError(t, workflowworker.Register(reg, &opts))
 	for _, d := range defs {
-		require.NoError(t, workflowworker.Add(reg, d))
+		require.NoError(t, addWorkflow(reg, d))
 	}
 	return &env{db: db, rt: workertest.Start(t, db.Pool, reg, nil), reg: reg}
 }
@@ -247,13 +247,13 @@ func TestInlineStepsBehindPgBouncer(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(via.Close)
 	reg := workers.NewRegistry()
-	require.NoError(t, workflowworker.Add(reg, chainWorkflow("chain", 8, nil)))
+	require.NoError(t, addWorkflow(reg, chainWorkflow("chain", 8, nil)))
 	workertest.Start(t, via, reg, nil)
 	ids := make([]string, 50)
 	require.NoError(t, pg.InTx(ctx, via, func(ctx context.Context, tx pgx.Tx) error {
 		for n := range ids {
 			var err error
-			if ids[n], err = workflow.StartTx(ctx, tx, "chain", orderIn{}, &workflow.StartOpts{ID: fmt.Sprintf("p-%02d", n)}); err != nil {
+			if ids[n], err = startKind(ctx, tx, "chain", orderIn{}, &workflow.StartOpts{ID: fmt.Sprintf("p-%02d", n)}); err != nil {
 				return err
 			}
 		}
@@ -278,8 +278,8 @@ func TestAStartInThisProcessDoesNotWaitForAPoll(t *testing.T) {
 	db := pgtest.New(t)
 	db.MustExec(t, effectsDDL)
 	reg := workers.NewRegistry()
-	require.NoError(t, workflowworker.Add(reg, chainWorkflow("chain", 3, nil)))
-	require.NoError(t, workflowworker.Add(reg, orderWorkflow()))
+	require.NoError(t, addWorkflow(reg, chainWorkflow("chain", 3, nil)))
+	require.NoError(t, addWorkflow(reg, orderWorkflow()))
 	workertest.Start(t, db.Pool, reg, &workers.Options{PollInterval: time.Minute})
 	workertest.WaitFor(t, 10*time.Second, "the runtime holds its shards", func() bool {
 		return db.MustCount(t, `SELECT count(*) FROM compute_leases WHERE name LIKE 'shard/%'`) == db.MustCount(t, `SELECT shard_count FROM compute_settings`)
@@ -287,7 +287,7 @@ func TestAStartInThisProcessDoesNotWaitForAPoll(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // River's first fetch of each queue is done
 
 	rolledBack := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		if _, err := workflow.StartTx(ctx, tx, "chain", orderIn{}, &workflow.StartOpts{ID: "gone"}); err != nil {
+		if _, err := startKind(ctx, tx, "chain", orderIn{}, &workflow.StartOpts{ID: "gone"}); err != nil {
 			return err
 		}
 		return fmt.Errorf("changed my mind")

@@ -30,7 +30,7 @@ func TestTextPostgreSQLRefusesIsRefusedFirst(t *testing.T) {
 
 	startTx := func(in any, id string) func(ctx context.Context, tx pgx.Tx) error {
 		return func(ctx context.Context, tx pgx.Tx) error {
-			_, err := workflow.StartTx(ctx, tx, "order", in, &workflow.StartOpts{ID: id})
+			_, err := startKind(ctx, tx, "order", in, &workflow.StartOpts{ID: id})
 			return err
 		}
 	}

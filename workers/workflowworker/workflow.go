@@ -4,20 +4,18 @@
 // and the registration an application's module uses (Add).
 //
 //	Register: func(r *workers.Registry) error {
-//		return workflowworker.Add(r, Order)
+//		return workers.AddWorkflow(r, Order)
 //	}
 package workflowworker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/rs/zerolog"
@@ -82,6 +80,7 @@ func newPart() *part {
 // Install implements workers.Part.
 func (p *part) Install(r *workers.Registry) error {
 	return errors.Join(
+		workers.OnAdd(r, p.add),
 		workers.AddWorker(r, &stepWorker{p: p}),
 		workers.AddMaintenanceWorker(r, &pruneWorker{p: p}),
 		workers.AddPeriodic(r, river.NewPeriodicJob(pruneSchedule{p},
@@ -101,30 +100,25 @@ func (p *part) Install(r *workers.Registry) error {
 	)
 }
 
-// Register installs the workflow machinery in r with opts (nil for the
-// defaults): the built-in module's registration. Add installs it too.
-func Register(r *workers.Registry, opts *Options) error {
-	if _, err := workers.Use(r, newPart); err != nil {
+// Register installs the workflow machinery in r, with o's options (nil: the
+// defaults; zero fields keep what they were): the built-in module's
+// registration, which cli.App makes before an application's modules. An
+// application that sets options calls it again from its own Register. It
+// returns INVALID_CONFIG for a negative duration or step count.
+func Register(r *workers.Registry, o *Options) error {
+	p, err := workers.Use(r, newPart)
+	if err != nil || o == nil {
 		return err
 	}
-	if opts != nil {
-		return Configure(r, *opts)
-	}
-	return nil
+	return p.configure(*o)
 }
 
-// Configure sets the options of r's workflow machinery (zero fields keep their
-// defaults). It returns INVALID_CONFIG for a negative duration or step count.
-func Configure(r *workers.Registry, o Options) error {
+func (p *part) configure(o Options) error {
 	if o.Retention < 0 || o.PruneEvery < 0 || o.WakeEvery < 0 || o.InlineFor < 0 {
-		return fault.New(fault.InvalidConfig, "workflowworker.Configure: a negative duration")
+		return fault.New(fault.InvalidConfig, "workflow options: a negative duration")
 	}
 	if o.InlineSteps < 0 {
-		return fault.New(fault.InvalidConfig, "workflowworker.Configure: InlineSteps %d is negative (1 runs every step in a job of its own)", o.InlineSteps)
-	}
-	p, err := workers.Use(r, newPart)
-	if err != nil {
-		return err
+		return fault.New(fault.InvalidConfig, "workflow options: InlineSteps %d is negative (1 runs every step in a job of its own)", o.InlineSteps)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -153,19 +147,12 @@ func (p *part) options() Options {
 	return p.opts
 }
 
-// Add registers the workflow definition d (a *workflow.Workflow[In, S, Out])
-// in every worker process built from r, and records its kind, steps and
-// signals at migrate and at every worker start. It returns INVALID_CONFIG for
-// a bad definition or a kind registered twice.
-func Add(r *workers.Registry, d workflow.Definition) error {
+// add is the module's OnAdd for workers.AddWorkflow.
+func (p *part) add(d workflow.Definition) error {
 	if d == nil {
-		return fault.New(fault.InvalidConfig, "workflowworker.Add: nil definition")
+		return fault.New(fault.InvalidConfig, "workers.AddWorkflow: nil definition")
 	}
 	if err := d.Validate(); err != nil {
-		return err
-	}
-	p, err := workers.Use(r, newPart)
-	if err != nil {
 		return err
 	}
 	p.mu.Lock()
@@ -359,36 +346,22 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.signals, prometheus.GaugeValue, float64(counts.SignalsWaiting))
 }
 
-// CheckStart checks, without the database, that r defines workflow kind and
-// that input decodes into its input type and passes its Init
-// (Definition.CheckInput); INVALID_ARGUMENT otherwise, naming the kinds r
-// defines for an unknown one.
-func CheckStart(r *workers.Registry, kind string, input json.RawMessage) error {
+// Lookup returns the workflow definition of kind registered in r, or
+// INVALID_ARGUMENT naming the kinds that are.
+func Lookup(r *workers.Registry, kind string) (workflow.Definition, error) {
 	defs := Definitions(r)
-	d := defs[kind]
-	if d == nil {
-		known := make([]string, 0, len(defs))
-		for k := range defs {
-			known = append(known, k)
-		}
-		sort.Strings(known)
-		if len(known) == 0 {
-			return fault.New(fault.InvalidArgument, "unknown workflow kind %q: this binary defines no workflows (a module registers them with workflowworker.Add)", kind)
-		}
-		return fault.New(fault.InvalidArgument, "unknown workflow kind %q: this binary defines %s", kind, strings.Join(known, ", "))
+	if d := defs[kind]; d != nil {
+		return d, nil
 	}
-	return d.CheckInput(input)
-}
-
-// StartTx is workflow.StartTx, for callers that hold the registry: it checks
-// the kind and the input first (CheckStart), so an input that does not decode
-// into the kind's In, or that its Init refuses, is INVALID_ARGUMENT before
-// any statement is sent (tx stays usable).
-func StartTx(ctx context.Context, r *workers.Registry, tx pgx.Tx, kind string, input json.RawMessage, opts *workflow.StartOpts) (string, error) {
-	if err := CheckStart(r, kind, input); err != nil {
-		return "", err
+	known := make([]string, 0, len(defs))
+	for k := range defs {
+		known = append(known, k)
 	}
-	return workflow.StartTx(ctx, tx, kind, input, opts)
+	sort.Strings(known)
+	if len(known) == 0 {
+		return nil, fault.New(fault.InvalidArgument, "unknown workflow kind %q: this binary defines no workflows (a module registers them with workers.AddWorkflow)", kind)
+	}
+	return nil, fault.New(fault.InvalidArgument, "unknown workflow kind %q: this binary defines %s", kind, strings.Join(known, ", "))
 }
 
 func log(rt *workers.Runtime) *zerolog.Logger {

@@ -2,6 +2,7 @@ package workflowworker_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -112,9 +113,9 @@ func startOn(t *testing.T, db *pgtest.DB, defs ...workflow.Definition) *env {
 	db.MustExec(t, effectsDDL)
 	require.NoError(t, clock.UseSim(ctx, db.Pool, t0))
 	reg := workers.NewRegistry()
-	require.NoError(t, workflowworker.Configure(reg, workflowworker.Options{WakeEvery: 50 * time.Millisecond}))
+	require.NoError(t, workflowworker.Register(reg, &workflowworker.Options{WakeEvery: 50 * time.Millisecond}))
 	for _, d := range defs {
-		require.NoError(t, workflowworker.Add(reg, d))
+		require.NoError(t, addWorkflow(reg, d))
 	}
 	rt := workertest.Start(t, db.Pool, reg, nil)
 	return &env{db: db, rt: rt, reg: reg}
@@ -125,7 +126,7 @@ func startWF(t *testing.T, db *pg.Pool, kind string, in any, id string) string {
 	var got string
 	require.NoError(t, pg.InTx(context.Background(), db, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
-		got, err = workflow.StartTx(ctx, tx, kind, in, &workflow.StartOpts{ID: id})
+		got, err = startKind(ctx, tx, kind, in, &workflow.StartOpts{ID: id})
 		return err
 	}))
 	return got
@@ -294,12 +295,12 @@ func TestBadInputWritesNothing(t *testing.T) {
 		return pg.InTx(ctx, e.db.Pool, f)
 	}
 	err := try(func(ctx context.Context, tx pgx.Tx) error {
-		_, err := workflow.StartTx(ctx, tx, "no_such_kind", struct{}{}, nil)
+		_, err := startKind(ctx, tx, "no_such_kind", struct{}{}, nil)
 		return err
 	})
 	require.True(t, fault.Has(err, fault.InvalidArgument), "%v", err)
 	err = try(func(ctx context.Context, tx pgx.Tx) error {
-		_, err := workflow.StartTx(ctx, tx, "order", orderIn{}, &workflow.StartOpts{ID: "bad id!"})
+		_, err := startKind(ctx, tx, "order", orderIn{}, &workflow.StartOpts{ID: "bad id!"})
 		return err
 	})
 	require.True(t, fault.Has(err, fault.InvalidArgument), "%v", err)
@@ -308,7 +309,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 		big[i] = 'x'
 	}
 	err = try(func(ctx context.Context, tx pgx.Tx) error {
-		_, err := workflow.StartTx(ctx, tx, "order", map[string]string{"blob": string(big)}, nil)
+		_, err := startKind(ctx, tx, "order", map[string]string{"blob": string(big)}, nil)
 		return err
 	})
 	require.True(t, fault.Has(err, fault.InvalidArgument), "%v", err)
@@ -318,7 +319,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 	// The same start again is the same workflow; a different input is CONFLICT.
 	require.Equal(t, id, startWF(t, e.db.Pool, "order", orderIn{Order: "x"}, "x1"))
 	err = try(func(ctx context.Context, tx pgx.Tx) error {
-		_, err := workflow.StartTx(ctx, tx, "order", orderIn{Order: "y"}, &workflow.StartOpts{ID: "x1"})
+		_, err := startKind(ctx, tx, "order", orderIn{Order: "y"}, &workflow.StartOpts{ID: "x1"})
 		return err
 	})
 	require.True(t, fault.Has(err, fault.Conflict), "%v", err)
@@ -390,9 +391,9 @@ func TestStartRefusesAnInputInitRefuses(t *testing.T) {
 		errs = append(errs, err)
 		_, err = trip.StartTx(ctx, tx, tripIn{Traveler: "ada"}, &workflow.StartOpts{ID: "t2"})
 		errs = append(errs, err)
-		_, err = workflowworker.StartTx(ctx, e.reg, tx, "trip", []byte(`{"nights": 2}`), &workflow.StartOpts{ID: "t3"})
+		_, err = trip.StartJSONTx(ctx, tx, json.RawMessage(`{"nights": 2}`), &workflow.StartOpts{ID: "t3"})
 		errs = append(errs, err)
-		_, err = workflowworker.StartTx(ctx, e.reg, tx, "trip", []byte(`{"traveler": ["ada"], "nights": 2}`), &workflow.StartOpts{ID: "t4"})
+		_, err = trip.StartJSONTx(ctx, tx, json.RawMessage(`{"traveler": ["ada"], "nights": 2}`), &workflow.StartOpts{ID: "t4"})
 		errs = append(errs, err)
 		_, err = trip.StartTx(ctx, tx, tripIn{Traveler: "boom", Nights: 1}, nil)
 		errs = append(errs, err)
@@ -617,7 +618,7 @@ func TestSignalVersusTimeoutRaces(t *testing.T) {
 	require.NoError(t, pg.InTx(ctx, e.db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		for i := range ids {
 			var err error
-			if ids[i], err = workflow.StartTx(ctx, tx, "order", orderIn{Order: fmt.Sprint(i)}, &workflow.StartOpts{ID: fmt.Sprintf("race-%04d", i)}); err != nil {
+			if ids[i], err = startKind(ctx, tx, "order", orderIn{Order: fmt.Sprint(i)}, &workflow.StartOpts{ID: fmt.Sprintf("race-%04d", i)}); err != nil {
 				return err
 			}
 		}
@@ -712,7 +713,7 @@ func TestVersioningRefusesAWorkerThatWouldStrandWorkflows(t *testing.T) {
 	require.NoError(t, e.rt.Stop(ctx))
 
 	reg := workers.NewRegistry()
-	require.NoError(t, workflowworker.Add(reg, twoStep[int](false)))
+	require.NoError(t, addWorkflow(reg, twoStep[int](false)))
 	_, err := workers.Start(ctx, workers.Options{Pool: e.db.Pool, Registry: reg, Work: true, Shards: []int{0}, Log: workertest.Logger(t)})
 	require.True(t, fault.Has(err, fault.InvalidConfig), "%v", err)
 	require.Contains(t, err.Error(), "v-1 (versioned at step b)")
@@ -732,8 +733,8 @@ func TestUndecodableStateFailsTheWorkflowAndCancelsItsJob(t *testing.T) {
 	require.NoError(t, e.rt.Stop(ctx))
 	// The new deploy's state is a struct: the stored 0 no longer decodes.
 	reg := workers.NewRegistry()
-	require.NoError(t, workflowworker.Configure(reg, workflowworker.Options{WakeEvery: 50 * time.Millisecond}))
-	require.NoError(t, workflowworker.Add(reg, twoStep[struct{ N int }](true)))
+	require.NoError(t, workflowworker.Register(reg, &workflowworker.Options{WakeEvery: 50 * time.Millisecond}))
+	require.NoError(t, addWorkflow(reg, twoStep[struct{ N int }](true)))
 	workertest.Start(t, e.db.Pool, reg, nil)
 	_, err := e.db.Pool.Exec(ctx, `SELECT compute_advance_sim_clock(interval '2 hours')`)
 	require.NoError(t, err)
@@ -848,8 +849,8 @@ func TestBehindPgBouncer(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(via.Close) // after the runtime's stop (cleanups run last first)
 	reg := workers.NewRegistry()
-	require.NoError(t, workflowworker.Configure(reg, workflowworker.Options{WakeEvery: 50 * time.Millisecond}))
-	require.NoError(t, workflowworker.Add(reg, orderWorkflow()))
+	require.NoError(t, workflowworker.Register(reg, &workflowworker.Options{WakeEvery: 50 * time.Millisecond}))
+	require.NoError(t, addWorkflow(reg, orderWorkflow()))
 	workertest.Start(t, via, reg, nil)
 
 	paid := startWF(t, via, "order", orderIn{Order: "b1"}, "b1")
@@ -1028,8 +1029,8 @@ func TestAwaitAnyChildResumesAtTheFirstAndCountsInMetrics(t *testing.T) {
 	db := pgtest.New(t)
 	require.NoError(t, clock.UseSim(ctx, db.Pool, t0))
 	reg := workers.NewRegistry()
-	require.NoError(t, workflowworker.Add(reg, child))
-	require.NoError(t, workflowworker.Add(reg, parent))
+	require.NoError(t, addWorkflow(reg, child))
+	require.NoError(t, addWorkflow(reg, parent))
 	prom := prometheus.NewRegistry()
 	workertest.Start(t, db.Pool, reg, &workers.Options{Metrics: workers.NewMetrics(prom)})
 

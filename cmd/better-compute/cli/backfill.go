@@ -15,6 +15,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/backfill"
 )
 
@@ -87,7 +88,7 @@ func (o *backfillOpts) run(ctx context.Context, s *Session, args []string) error
 		return err
 	}
 	verb := args[0]
-	var b backfill.Backfill
+	var b workers.Backfill
 	if verb != "list" {
 		if b, err = backfill.Lookup(reg, args[1]); err != nil {
 			return err
@@ -115,7 +116,7 @@ func (o *backfillOpts) run(ctx context.Context, s *Session, args []string) error
 }
 
 // backfillStart starts b (a new epoch) and says how to watch it.
-func backfillStart(ctx context.Context, s *Session, db *pg.Pool, b backfill.Backfill) error {
+func backfillStart(ctx context.Context, s *Session, db *pg.Pool, b workers.Backfill) error {
 	p, err := backfill.Start(ctx, db, b)
 	if err != nil {
 		return err
@@ -130,7 +131,7 @@ func backfillStart(ctx context.Context, s *Session, db *pg.Pool, b backfill.Back
 }
 
 // backfillSteer pauses, resumes or cancels b.
-func backfillSteer(ctx context.Context, s *Session, db *pg.Pool, verb string, b backfill.Backfill) error {
+func backfillSteer(ctx context.Context, s *Session, db *pg.Pool, verb string, b workers.Backfill) error {
 	out := s.Env.Stdout
 	switch verb {
 	case "pause":
@@ -159,7 +160,7 @@ func backfillSteer(ctx context.Context, s *Session, db *pg.Pool, verb string, b 
 
 // backfillStatus prints b's progress once: a bar (on a terminal) and the
 // status block.
-func backfillStatus(ctx context.Context, out io.Writer, db pg.DBTX, b backfill.Backfill, bar bool) error {
+func backfillStatus(ctx context.Context, out io.Writer, db pg.DBTX, b workers.Backfill, bar bool) error {
 	p, err := getProgress(ctx, db, b.Name)
 	if err != nil {
 		return err
@@ -190,7 +191,7 @@ func isTerminal(w io.Writer) bool {
 }
 
 // backfillList prints one line per registered backfill.
-func backfillList(ctx context.Context, out io.Writer, db pg.DBTX, known []backfill.Backfill) error {
+func backfillList(ctx context.Context, out io.Writer, db pg.DBTX, known []workers.Backfill) error {
 	rows, err := backfill.List(ctx, db)
 	if err != nil {
 		return err
@@ -345,7 +346,7 @@ func watchLine(p *backfill.Progress) string {
 
 // watchBackfill follows the backfill until it is done or cancelled (or ctx
 // ends): a live progress bar, or a plain line whenever something changed.
-func watchBackfill(ctx context.Context, out io.Writer, db pg.DBTX, b backfill.Backfill, bar bool, every time.Duration) error {
+func watchBackfill(ctx context.Context, out io.Writer, db pg.DBTX, b workers.Backfill, bar bool, every time.Duration) error {
 	var r *barRenderer
 	if bar {
 		r = newBarRenderer(out, b.Name)

@@ -229,7 +229,7 @@ CREATE TABLE verbs_items (id bigint PRIMARY KEY, a int, b int);
 CREATE INDEX verbs_items_no_a ON verbs_items (id) WHERE a IS NULL;
 INSERT INTO verbs_items (id) SELECT g FROM generate_series(1, 500) g;`)}},
 		Register: func(r *workers.Registry) error {
-			err := backfill.Add(r, backfill.Backfill{
+			err := workers.AddBackfill(r, workers.Backfill{
 				Name:      "alpha_fill",
 				BatchSize: 100,
 				// Batches of exactly 100 rows, however long one takes on a
@@ -249,7 +249,7 @@ INSERT INTO verbs_items (id) SELECT g FROM generate_series(1, 500) g;`)}},
 			if err != nil {
 				return err
 			}
-			err = backfill.Add(r, backfill.Backfill{
+			err = workers.AddBackfill(r, workers.Backfill{
 				Name: "beta_fill",
 				Batch: func(ctx context.Context, tx pgx.Tx, n int) (int, error) {
 					return 0, errors.New("beta is broken: column b is cursed")
@@ -258,7 +258,7 @@ INSERT INTO verbs_items (id) SELECT g FROM generate_series(1, 500) g;`)}},
 			if err != nil {
 				return err
 			}
-			return backfill.Add(r, backfill.Backfill{
+			return workers.AddBackfill(r, workers.Backfill{
 				Name: "gamma_fill",
 				Batch: func(ctx context.Context, tx pgx.Tx, n int) (int, error) {
 					return 0, fault.New(fault.InvalidArgument, "item 7 has no price")

@@ -178,7 +178,7 @@ func TestDoctorFindsStrayRunningJobs(t *testing.T) {
 	require.Regexp(t, `(?m)^OK\s+strays\s+1 running job attempted by a client that does not hold the shard, for less than 40s`, r.Stdout)
 }
 
-// TestDoctorFindsDirtyKeysNoReconcilerHandles: jobs.DirtyTx accepts any valid
+// TestDoctorFindsDirtyKeysNoReconcilerHandles: workers.DirtyTx accepts any valid
 // kind; keys of a kind no registered reconciler handles wait forever, and
 // doctor names the kind and its keys.
 func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
@@ -192,7 +192,7 @@ func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
 	}}}}
 	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		for _, k := range []struct{ kind, key string }{{"no_such_kind", "k"}, {"thing", "a"}, {"thing", "b"}} {
-			if err := jobs.DirtyTx(ctx, tx, k.kind, k.key, nil); err != nil {
+			if err := workers.DirtyTx(ctx, tx, k.kind, k.key, nil); err != nil {
 				return err
 			}
 		}
@@ -201,7 +201,7 @@ func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
 
 	r := clitest.Run(t, ctx, app, dbEnv(db), "doctor")
 	require.Regexp(t, `(?m)^FAIL\s+reconcilers\s+no registered reconciler handles the dirty keys of no_such_kind \(1 key\): `+
-		`a typo in jobs.DirtyTx, or a module missing from this binary \(registered: thing\)$`, r.Stdout)
+		`a typo in workers.DirtyTx, or a module missing from this binary \(registered: thing\)$`, r.Stdout)
 	// Nobody works the shards either: the keys' jobs wait.
 	require.Regexp(t, `(?m)^FAIL\s+leases\s`, r.Stdout)
 	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 2 of 16 checks failed: leases, reconcilers$`)
@@ -300,7 +300,7 @@ func TestDoctorFindsAWorkflowWithoutAStepJob(t *testing.T) {
 	db := pgtest.New(t)
 	db.MustExec(t, `INSERT INTO compute_workflow_kinds (kind, steps) VALUES ('order', '{reserve}')`)
 	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := workflow.StartTx(ctx, tx, "order", map[string]string{"id": "o-1"}, &workflow.StartOpts{ID: "o-1"})
+		_, err := startKind(ctx, tx, "order", map[string]string{"id": "o-1"}, &workflow.StartOpts{ID: "o-1"})
 		return err
 	}))
 	app := cli.App{}

@@ -129,7 +129,7 @@ func (s *Session) doctorQueues(ctx context.Context, db *pg.Pool, r *report, shar
 		for _, q := range stranded {
 			parts = append(parts, fmt.Sprintf("%s: %s", q.Queue, plural(int(q.Jobs), "job")))
 		}
-		r.add(name, false, "jobs wait in queues no worker works, and will never run: %s (workers work %s0-%d and %s; insert fenced jobs with jobs.InsertForKeyTx)",
+		r.add(name, false, "jobs wait in queues no worker works, and will never run: %s (workers work %s0-%d and %s; insert fenced jobs with workers.InsertForKeyTx)",
 			strings.Join(parts, "; "), jobs.ShardQueuePrefix, shardCount-1, jobs.MaintenanceQueue)
 		return
 	}
@@ -294,7 +294,7 @@ func (s *Session) doctorReconcilers(ctx context.Context, db *pg.Pool, r *report)
 		return
 	}
 	if len(unknown) > 0 {
-		r.add(name, false, "no registered reconciler handles the dirty keys of %s: a typo in jobs.DirtyTx, or a module missing from this binary (registered: %s)",
+		r.add(name, false, "no registered reconciler handles the dirty keys of %s: a typo in workers.DirtyTx, or a module missing from this binary (registered: %s)",
 			strings.Join(unknown, ", "), orNone(strings.Join(reg.Reconcilers(), ", ")))
 		return
 	}

@@ -27,7 +27,6 @@ import (
 	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/backfill"
 	"github.com/bettercompute/bettercompute/workers/outboxworker"
-	"github.com/bettercompute/bettercompute/workers/workflowworker"
 )
 
 // The metrics tests' application (mx): a reconciler, a fenced task whose first
@@ -65,8 +64,8 @@ type mxRow struct {
 	K  string `json:"k"`
 }
 
-func mxFill() backfill.Backfill {
-	return backfill.Backfill{
+func mxFill() workers.Backfill {
+	return workers.Backfill{
 		Name: "mx_fill",
 		Batch: func(ctx context.Context, tx pgx.Tx, n int) (int, error) {
 			tag, err := tx.Exec(ctx, `UPDATE mx_items SET done = true WHERE id = ANY (ARRAY(
@@ -122,10 +121,10 @@ INSERT INTO mx_items (id) SELECT g FROM generate_series(1, 50) g;`)}},
 					return workers.Result{}, nil
 				}}),
 				workers.AddWorker(r, task),
-				outboxworker.AddSink(r, outboxworker.Sink{Name: "mx_sink", Handle: func(context.Context, []outboxworker.Event) error { return nil }}),
+				workers.AddSink(r, workers.Sink{Name: "mx_sink", Handle: func(context.Context, []outbox.Event) error { return nil }}),
 				outboxworker.AddDispatcher(r, d),
-				backfill.Add(r, mxFill()),
-				workflowworker.Add(r, mxFlow()),
+				workers.AddBackfill(r, mxFill()),
+				workers.AddWorkflow(r, mxFlow()),
 			)
 		},
 	}}}
@@ -252,7 +251,7 @@ func TestServeMetricsReportTheDatabase(t *testing.T) {
 	// The workflow: on step first for 15 minutes.
 	var wfID string
 	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		wfID, err = workflow.StartTx(ctx, tx, "mx_flow", struct{}{}, nil)
+		wfID, err = startKind(ctx, tx, "mx_flow", struct{}{}, nil)
 		return err
 	}))
 	db.MustExec(t, `UPDATE compute_workflows SET updated_at = updated_at - interval '15 minutes' WHERE id = $1`, wfID)

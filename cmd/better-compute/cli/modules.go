@@ -2,6 +2,7 @@ package cli
 
 import (
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/backfill"
 	"github.com/bettercompute/bettercompute/workers/capacityworker"
 	"github.com/bettercompute/bettercompute/workers/outboxworker"
 	"github.com/bettercompute/bettercompute/workers/quorumworker"
@@ -18,9 +19,15 @@ func builtinModules() []Module {
 			// The outbox machinery runs in every worker process: sink delivery,
 			// table dispatcher passes, and retention of the event log (which runs
 			// even without a sink, keeping the replay window). Applications add
-			// sinks and dispatchers from their own modules (outboxworker.AddSink,
-			// outboxworker.AddDispatcher) and options (outboxworker.Configure).
-			Register: outboxworker.Register,
+			// sinks (workers.AddSink) and dispatchers (outboxworker.AddDispatcher)
+			// from their own modules, and options (outboxworker.Register).
+			Register: func(r *workers.Registry) error { return outboxworker.Register(r, nil) },
+		},
+		{
+			Name: "backfill",
+			// Runs the backfills applications add (workers.AddBackfill) when an
+			// operator starts one.
+			Register: backfill.Register,
 		},
 		{
 			Name: "capacity",
@@ -40,7 +47,7 @@ func builtinModules() []Module {
 			Name: "workflow",
 			// Durable workflows: the step worker, the timer wake-ups, retention
 			// and the versioning check at start. Applications add their
-			// definitions from their own module (workflowworker.Add).
+			// definitions from their own module (workers.AddWorkflow).
 			Register: func(r *workers.Registry) error { return workflowworker.Register(r, nil) },
 		},
 	}

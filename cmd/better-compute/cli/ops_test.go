@@ -20,7 +20,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/bettercompute/bettercompute/domain/outbox/outboxtest"
-	"github.com/bettercompute/bettercompute/domain/workflow"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
@@ -410,7 +409,7 @@ func TestOpsFilesNameExportedMetrics(t *testing.T) {
 	db.MustExec(t, `INSERT INTO river_job (args, kind, max_attempts, queue, state, attempt, attempted_at, attempted_by)
 		VALUES ('{}', 'mx_idle', 25, 'mx_idle', 'running', 1, clock_timestamp(), ARRAY['gone#1'])`)
 	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := workflow.StartTx(ctx, tx, "mx_flow", struct{}{}, nil)
+		_, err := startKind(ctx, tx, "mx_flow", struct{}{}, nil)
 		return err
 	}))
 	db.MustExec(t, `DELETE FROM river_job WHERE kind = $1`, jobs.WorkflowStepKind)
@@ -433,13 +432,13 @@ func TestOpsFilesNameExportedMetrics(t *testing.T) {
 
 	// Work: a reconcile, a fenced task, a workflow, a sink event, a backfill.
 	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		if err := jobs.DirtyTx(ctx, tx, "mx_item", "a", nil); err != nil {
+		if err := workers.DirtyTx(ctx, tx, "mx_item", "a", nil); err != nil {
 			return err
 		}
-		if _, err := jobs.InsertForKeyTx(ctx, tx, "t", mxTask{}, &river.InsertOpts{}); err != nil {
+		if _, err := workers.InsertForKeyTx(ctx, tx, "t", mxTask{}, &river.InsertOpts{}); err != nil {
 			return err
 		}
-		_, err := workflow.StartTx(ctx, tx, "mx_flow", struct{}{}, nil)
+		_, err := startKind(ctx, tx, "mx_flow", struct{}{}, nil)
 		return err
 	}))
 	outboxtest.Append(t, db.Pool, "mx", "k", 1)

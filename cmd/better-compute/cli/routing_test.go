@@ -69,7 +69,7 @@ func TestAFencedJobCannotBeStranded(t *testing.T) {
 		return err
 	})
 	require.True(t, fault.Has(err, fault.InvalidArgument), "%v", err)
-	require.Contains(t, err.Error(), "jobs.InsertForKeyTx")
+	require.Contains(t, err.Error(), "workers.InsertForKeyTx")
 	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'ship_order'`))
 
 	// Routed by key, a worker of the app's registry runs it.
@@ -79,8 +79,14 @@ func TestAFencedJobCannotBeStranded(t *testing.T) {
 	defer func() { _ = rt.Stop(context.Background()) }()
 	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		return errors.Join(
-			func() error { _, err := jobs.InsertForKeyTx(ctx, tx, "o-1", shipArgs{OrderID: "o-1"}, nil); return err }(),
-			func() error { _, err := jobs.InsertForKeyTx(ctx, tx, "o-2", shipArgs{OrderID: "o-2"}, nil); return err }(),
+			func() error {
+				_, err := workers.InsertForKeyTx(ctx, tx, "o-1", shipArgs{OrderID: "o-1"}, nil)
+				return err
+			}(),
+			func() error {
+				_, err := workers.InsertForKeyTx(ctx, tx, "o-2", shipArgs{OrderID: "o-2"}, nil)
+				return err
+			}(),
 		)
 	}))
 	workertest.WaitFor(t, 20*time.Second, "both orders shipped", func() bool {

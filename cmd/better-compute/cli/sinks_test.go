@@ -17,7 +17,6 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
-	"github.com/bettercompute/bettercompute/workers/outboxworker"
 )
 
 // runSinks runs `better-compute sinks args…` in-process with app against db.
@@ -169,7 +168,7 @@ func TestSinksResetRefusesAPrunedPosition(t *testing.T) {
 // billingApp is an application whose module registers the sink billing.
 func billingApp() cli.App {
 	return cli.App{Modules: []cli.Module{{Name: "billing", Register: func(r *workers.Registry) error {
-		return outboxworker.AddSink(r, outboxworker.Sink{Name: "billing", Handle: func(context.Context, []outboxworker.Event) error { return nil }})
+		return workers.AddSink(r, workers.Sink{Name: "billing", Handle: func(context.Context, []outbox.Event) error { return nil }})
 	}}}}
 }
 

@@ -171,7 +171,11 @@ func (o *workflowOpts) run(ctx context.Context, s *Session, args []string) error
 			return err
 		}
 		kind, input := rest[0], json.RawMessage(rest[1])
-		if err := workflowworker.CheckStart(reg, kind, input); err != nil {
+		def, err := workflowworker.Lookup(reg, kind)
+		if err != nil {
+			return err
+		}
+		if err := def.CheckInput(input); err != nil {
 			return err
 		}
 		db, err := s.Pool(ctx)
@@ -180,7 +184,7 @@ func (o *workflowOpts) run(ctx context.Context, s *Session, args []string) error
 		}
 		var id string
 		err = pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
-			id, err = workflow.StartTx(ctx, tx, kind, input, &workflow.StartOpts{ID: o.id})
+			id, err = def.StartJSONTx(ctx, tx, input, &workflow.StartOpts{ID: o.id})
 			return err
 		})
 		if err != nil {

@@ -131,12 +131,12 @@ func wfApp() cli.App {
 		Migrations: fstest.MapFS{"0001_declined.sql": {Data: []byte(
 			`CREATE TABLE wfcli_declined (order_id text PRIMARY KEY);`)}},
 		Register: func(r *workers.Registry) error {
-			return workflowworker.Add(r, wfOrder())
+			return workers.AddWorkflow(r, wfOrder())
 		},
 	}, {
 		Name: "wfping",
 		Register: func(r *workers.Registry) error {
-			return workflowworker.Add(r, wfPing())
+			return workers.AddWorkflow(r, wfPing())
 		},
 	}}}
 }
@@ -576,7 +576,11 @@ func wfStart(t *testing.T, db *pg.Pool, kind, input, id string) {
 	reg, err := wfApp().Registry()
 	require.NoError(t, err)
 	require.NoError(t, pg.InTx(context.Background(), db, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := workflowworker.StartTx(ctx, reg, tx, kind, json.RawMessage(input), &workflow.StartOpts{ID: id})
+		def, err := workflowworker.Lookup(reg, kind)
+		if err != nil {
+			return err
+		}
+		_, err = def.StartJSONTx(ctx, tx, json.RawMessage(input), &workflow.StartOpts{ID: id})
 		return err
 	}))
 }

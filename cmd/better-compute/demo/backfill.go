@@ -20,8 +20,8 @@ const DemoBackfill = "demo_greetings"
 
 // demoGreetings fills in demo_backfill_people.greeting, 200 rows a batch with
 // half a second between batches, so that it runs for about a minute.
-func demoGreetings() backfill.Backfill {
-	return backfill.Backfill{
+func demoGreetings() workers.Backfill {
+	return workers.Backfill{
 		Name:      DemoBackfill,
 		BatchSize: 200,
 		Pause:     500 * time.Millisecond,
@@ -50,7 +50,7 @@ func demoBackfillModule() cli.Module {
 		Dev: func(ctx context.Context, db *pg.Pool, log zerolog.Logger) {
 			runBackfillDemo(ctx, log, db, 5*time.Second, time.Minute)
 		},
-		Register: func(r *workers.Registry) error { return backfill.Add(r, demoGreetings()) },
+		Register: func(r *workers.Registry) error { return workers.AddBackfill(r, demoGreetings()) },
 	}
 }
 

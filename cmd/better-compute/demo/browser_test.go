@@ -120,7 +120,7 @@ func runCommand(t *testing.T, db *pgtest.DB, command string, env ...string) stri
 func insertBrowserJobs(t *testing.T, db *pg.Pool) (failing, idle int64) {
 	t.Helper()
 	err := pg.InTx(context.Background(), db, func(ctx context.Context, tx pgx.Tx) error {
-		r, err := jobs.InsertForKeyTx(ctx, tx, "browser-fail", browserFailArgs{Key: "browser-fail"}, &river.InsertOpts{MaxAttempts: 1})
+		r, err := workers.InsertForKeyTx(ctx, tx, "browser-fail", browserFailArgs{Key: "browser-fail"}, &river.InsertOpts{MaxAttempts: 1})
 		if err != nil {
 			return err
 		}

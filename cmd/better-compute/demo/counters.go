@@ -10,7 +10,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
-	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 )
@@ -65,7 +64,7 @@ func runDemo(ctx context.Context, log zerolog.Logger, db *pg.Pool, every time.Du
 			if _, err := tx.Exec(ctx, `UPDATE demo_counters SET value = value + 1, updated_at = compute_now() WHERE id = $1`, id); err != nil {
 				return err
 			}
-			return jobs.DirtyTx(ctx, tx, DemoReconciler, id, nil)
+			return workers.DirtyTx(ctx, tx, DemoReconciler, id, nil)
 		})
 		span.End()
 		if err != nil && ctx.Err() == nil {

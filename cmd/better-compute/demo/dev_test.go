@@ -12,9 +12,9 @@ import (
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
-	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/backfill"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
@@ -64,7 +64,7 @@ func TestDevRunsTheDemoApplication(t *testing.T) {
 	// A dirty key of the demo reconciler: the demo application's doctor knows
 	// the kind, an application without the demos names it as unhandled.
 	require.NoError(t, pg.InTx(context.Background(), db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		return jobs.DirtyTx(context.Background(), tx, DemoReconciler, "counter-999", nil)
+		return workers.DirtyTx(context.Background(), tx, DemoReconciler, "counter-999", nil)
 	}))
 	r = clitest.Run(t, context.Background(), app, env, "doctor")
 	require.NotRegexp(t, `(?m)^FAIL\s+reconcilers\s`, r.Stdout)

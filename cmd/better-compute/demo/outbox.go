@@ -69,10 +69,10 @@ func outboxModule(confirmations *outboxworker.Dispatcher[demoConfirmation]) cli.
 			runOutboxDemo(ctx, log, db, confirmations, 2*time.Second)
 		},
 		Register: func(r *workers.Registry) error {
-			if err := outboxworker.AddSink(r, outboxworker.Sink{
+			if err := workers.AddSink(r, workers.Sink{
 				Name:   "demo_log",
 				Topics: []string{DemoOutboxTopic},
-				Handle: func(ctx context.Context, events []outboxworker.Event) error {
+				Handle: func(ctx context.Context, events []outbox.Event) error {
 					log := workers.RuntimeFrom(ctx).Log()
 					for _, e := range events {
 						log.Info().Str("event", e.ID.String()).Str("topic", e.Topic).Str("key", e.Key).

@@ -26,7 +26,7 @@ func TestOutboxDemo(t *testing.T) {
 	require.NoError(t, err)
 	db := pgtest.New(t, pgtest.Options{Groups: []migrate.Group{{Owner: m.Name, Migrations: ms}}})
 	reg := workers.NewRegistry()
-	require.NoError(t, outboxworker.Configure(reg, outboxworker.Options{PollEvery: 20 * time.Millisecond}))
+	require.NoError(t, outboxworker.Register(reg, &outboxworker.Options{PollEvery: 20 * time.Millisecond}))
 	require.NoError(t, m.Register(reg))
 	rt := workertest.Start(t, db.Pool, reg, nil)
 

@@ -18,8 +18,6 @@ import (
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
-	"github.com/bettercompute/bettercompute/workers/outboxworker"
-	"github.com/bettercompute/bettercompute/workers/workflowworker"
 )
 
 // The order workflow: an order holds devices of the demo pool, waits up to
@@ -232,11 +230,11 @@ func demoWorkflowModule() cli.Module {
 		},
 		Register: func(r *workers.Registry) error {
 			return errors.Join(
-				workflowworker.Add(r, OrderWorkflow),
-				outboxworker.AddSink(r, outboxworker.Sink{
+				workers.AddWorkflow(r, OrderWorkflow),
+				workers.AddSink(r, workers.Sink{
 					Name:   "demo_order_log",
 					Topics: orderTopics,
-					Handle: func(ctx context.Context, events []outboxworker.Event) error {
+					Handle: func(ctx context.Context, events []outbox.Event) error {
 						log := workers.RuntimeFrom(ctx).Log()
 						for _, e := range events {
 							log.Info().Str("topic", e.Topic).Str("customer", e.Key).RawJSON("payload", e.Payload).

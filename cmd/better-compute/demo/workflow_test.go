@@ -39,7 +39,7 @@ func startOrderDemo(t *testing.T) *pgtest.DB {
 	require.NoError(t, ensureOrderPool(ctx, db.Pool))
 	reg, err := cli.App{Modules: []cli.Module{m}}.Registry()
 	require.NoError(t, err)
-	require.NoError(t, workflowworker.Configure(reg, workflowworker.Options{WakeEvery: 50 * time.Millisecond}))
+	require.NoError(t, workflowworker.Register(reg, &workflowworker.Options{WakeEvery: 50 * time.Millisecond}))
 	workertest.Start(t, db.Pool, reg, nil)
 	return db
 }

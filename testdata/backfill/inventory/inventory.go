@@ -30,7 +30,6 @@ import (
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
-	"github.com/bettercompute/bettercompute/workers/backfill"
 )
 
 //go:embed migrations/*.sql
@@ -45,7 +44,7 @@ const Releases = 4
 // same final state; FOR UPDATE makes a concurrent rename by release 1 either wait
 // for the batch or, having renamed first (its trigger filled the column), drop
 // out of it.
-var NormalizeNames = backfill.Backfill{
+var NormalizeNames = workers.Backfill{
 	Name:      "inventory_normalized_name",
 	BatchSize: 1000,
 	Batch: func(ctx context.Context, tx pgx.Tx, n int) (int, error) {
@@ -78,7 +77,7 @@ func Module(release int) cli.Module {
 		Migrations: upTo{sub, last},
 		Register: func(r *workers.Registry) error {
 			if release == 2 || release == 3 {
-				return backfill.Add(r, NormalizeNames)
+				return workers.AddBackfill(r, NormalizeNames)
 			}
 			return nil
 		},

@@ -1,0 +1,17 @@
+package cli_test
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bettercompute/bettercompute/domain/workflow"
+)
+
+// startKind starts a workflow of kind with in, as the binary that defines the
+// kind would (its definition lives in another binary, or the test wants a
+// kind it does not register): a definition with the same kind and input type,
+// and no Init.
+func startKind[In any](ctx context.Context, tx pgx.Tx, kind string, in In, opts *workflow.StartOpts) (string, error) {
+	return (&workflow.Workflow[In, struct{}, struct{}]{Kind: kind}).StartTx(ctx, tx, in, opts)
+}
