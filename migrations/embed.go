@@ -4,6 +4,11 @@
 // A migration that has landed is never edited, renamed or removed; a change is a
 // new file with the next number. The ledger (platform/migrate) refuses a database
 // that holds a name this build cannot account for.
+//
+// schema.sql, beside the owners' directories, is no migration and is not
+// embedded: it is the live schema the built-in migrations make, each table,
+// index, function and trigger once, as TestSchemaIsCheckedIn
+// (platform/migrate) writes and checks it.
 package migrations
 
 import "embed"

@@ -1,6 +1,7 @@
 // Package prereq finds the programs from outside Go that Better Compute runs:
 // the PostgreSQL server binaries (initdb, postgres) of the embedded cluster,
-// pgbench (the commit-rate peer of the benchmarks), PgBouncer (the pooler of
+// pgbench (the commit-rate peer of the benchmarks), pg_dump (the schema
+// check's dump of a migrated database), PgBouncer (the pooler of
 // the tests that prove the pool is safe behind one) and Chromium (the browser
 // of the web pages' tests). It is the one place that knows where each is
 // looked for and which package installs it: the embedded cluster, the test
@@ -46,6 +47,8 @@ var (
 		Env: EnvPGBin, For: "the embedded cluster"}
 	Pgbench = Tool{Name: "pgbench", Package: "postgresql-contrib",
 		For: "the benchmarks' peer and one test"}
+	PgDump = Tool{Name: "pg_dump", Package: "postgresql-client",
+		For: "the checked-in schema's test (migrations/schema.sql)"}
 	PgBouncer = Tool{Name: "PgBouncer", Package: "pgbouncer",
 		For: "the tests behind PgBouncer"}
 	Chromium = Tool{Name: "Chromium", Package: "chromium",
@@ -171,6 +174,20 @@ func (f Finder) Find(t Tool) (string, error) {
 			}
 		}
 		if p, ok := f.onPath("pgbench"); ok {
+			return p, nil
+		}
+	case PgDump:
+		// The server's own first: pg_dump refuses a server newer than itself,
+		// and each major writes its dump a little differently.
+		if dir, err := f.PGBin(""); err == nil && executable(filepath.Join(dir, "pg_dump")) {
+			return filepath.Join(dir, "pg_dump"), nil
+		}
+		for _, d := range f.pgBinDirs() {
+			if executable(filepath.Join(d, "pg_dump")) {
+				return filepath.Join(d, "pg_dump"), nil
+			}
+		}
+		if p, ok := f.onPath("pg_dump"); ok {
 			return p, nil
 		}
 	case PgBouncer:

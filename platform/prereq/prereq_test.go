@@ -37,12 +37,12 @@ func finder(root string, env map[string]string) prereq.Finder {
 }
 
 // TestFindsEachToolWhereDebianPutsIt: the server binaries in the newest
-// /usr/lib/postgresql/N/bin, pgbench beside them, PgBouncer in /usr/sbin
+// /usr/lib/postgresql/N/bin, pgbench and pg_dump beside them, PgBouncer in /usr/sbin
 // (off a user's PATH), Chromium on PATH.
 func TestFindsEachToolWhereDebianPutsIt(t *testing.T) {
 	root := fakeRoot(t,
-		"/usr/lib/postgresql/15/bin/initdb", "/usr/lib/postgresql/15/bin/postgres", "/usr/lib/postgresql/15/bin/pgbench",
-		"/usr/lib/postgresql/16/bin/initdb", "/usr/lib/postgresql/16/bin/postgres", "/usr/lib/postgresql/16/bin/pgbench",
+		"/usr/lib/postgresql/15/bin/initdb", "/usr/lib/postgresql/15/bin/postgres", "/usr/lib/postgresql/15/bin/pgbench", "/usr/lib/postgresql/15/bin/pg_dump",
+		"/usr/lib/postgresql/16/bin/initdb", "/usr/lib/postgresql/16/bin/postgres", "/usr/lib/postgresql/16/bin/pgbench", "/usr/lib/postgresql/16/bin/pg_dump",
 		"/usr/sbin/pgbouncer", "/usr/bin/chromium")
 	f := finder(root, nil)
 	bin, err := f.Find(prereq.PostgreSQL)
@@ -51,6 +51,9 @@ func TestFindsEachToolWhereDebianPutsIt(t *testing.T) {
 	p, err := f.Find(prereq.Pgbench)
 	require.NoError(t, err)
 	require.Equal(t, filepath.Join(root, "/usr/lib/postgresql/16/bin/pgbench"), p, "the server's own pgbench")
+	p, err = f.Find(prereq.PgDump)
+	require.NoError(t, err)
+	require.Equal(t, filepath.Join(root, "/usr/lib/postgresql/16/bin/pg_dump"), p, "the server's own pg_dump")
 	p, err = f.Find(prereq.PgBouncer)
 	require.NoError(t, err)
 	require.Equal(t, filepath.Join(root, "/usr/sbin/pgbouncer"), p)
@@ -66,12 +69,13 @@ func TestFindsEachToolWhereDebianPutsIt(t *testing.T) {
 }
 
 // TestMissingNamesThePackage: each tool missing is INVALID_CONFIG on one line
-// that names the package installing it; a pgbench that is only Debian's
+// that names the package installing it; a pgbench or pg_dump that is only Debian's
 // pg_wrapper (postgresql-client-common without a server) does not count.
 func TestMissingNamesThePackage(t *testing.T) {
 	root := fakeRoot(t, "/usr/share/postgresql-common/pg_wrapper")
 	require.NoError(t, os.MkdirAll(filepath.Join(root, "usr/bin"), 0o755))
 	require.NoError(t, os.Symlink("../share/postgresql-common/pg_wrapper", filepath.Join(root, "usr/bin/pgbench")))
+	require.NoError(t, os.Symlink("../share/postgresql-common/pg_wrapper", filepath.Join(root, "usr/bin/pg_dump")))
 	f := finder(root, nil)
 	for _, c := range []struct {
 		tool prereq.Tool
@@ -79,6 +83,7 @@ func TestMissingNamesThePackage(t *testing.T) {
 	}{
 		{prereq.PostgreSQL, "apt-get install -y postgresql"},
 		{prereq.Pgbench, "apt-get install -y postgresql-contrib"},
+		{prereq.PgDump, "apt-get install -y postgresql-client"},
 		{prereq.PgBouncer, "apt-get install -y pgbouncer"},
 		{prereq.Chromium, "apt-get install -y chromium"},
 	} {
