@@ -187,6 +187,16 @@ WHERE j.state = 'running' AND j.queue = $1
   AND starts_with(j.attempted_by[array_length(j.attempted_by, 1)], $2 || '#')
   AND j.attempted_by[array_length(j.attempted_by, 1)] <> $3`
 
+// ClearEarlierLeader deletes River's leadership when an earlier incarnation of
+// identity holds it (a River client id is "<identity>#…": see
+// workers.Options.Identity), so that River elects a leader at once instead of
+// after the 15 s its lease lasts; owner, this incarnation's id, is kept.
+func ClearEarlierLeader(ctx context.Context, db pg.DBTX, identity, owner string) error {
+	_, err := db.Exec(ctx, `DELETE FROM river_leader
+WHERE starts_with(leader_id, $1 || '#') AND leader_id <> $2`, identity, owner)
+	return err
+}
+
 // HandBackEarlierIncarnation returns to the MaintenanceQueue, now instead of
 // after River's rescue delay, the running jobs there that an earlier
 // incarnation of identity attempted (owners identity#…, other than owner), with

@@ -33,8 +33,7 @@ func (rt *Runtime) claim(ctx context.Context, want []string) error {
 
 	// River's leader, if it was that process, would hold leadership (the
 	// scheduler of snoozed and retried jobs, periodic jobs) for up to 15 s.
-	if _, err := rt.pool.Exec(ctx, `DELETE FROM river_leader
-WHERE starts_with(leader_id, $1 || '#') AND leader_id <> $2`, inc.Identity, rt.owner); err != nil {
+	if err := jobs.ClearEarlierLeader(ctx, rt.pool, inc.Identity, rt.owner); err != nil {
 		rt.log.Warn().Err(err).Msg("could not clear River's leadership of the previous incarnation; River elects a new leader within 15 s")
 	}
 	// Its running maintenance jobs go back to the queue now, instead of after

@@ -36,7 +36,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
-	domain "github.com/bettercompute/bettercompute/domain/capacity"
+	"github.com/bettercompute/bettercompute/domain/capacity"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/clock"
 	"github.com/bettercompute/bettercompute/platform/fault"
@@ -107,7 +107,7 @@ const minSnooze = 50 * time.Millisecond
 func (w *HoldExpiryWorker) Work(ctx context.Context, job *river.Job[jobs.CapacityHoldExpiry]) error {
 	var dueIn time.Duration
 	err := workers.InTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
-		res, err := domain.ExpireHoldsTx(ctx, tx, &domain.ExpireParams{PoolID: job.Args.PoolID, ReservationID: job.Args.ReservationID})
+		res, err := capacity.ExpireHoldsTx(ctx, tx, &capacity.ExpireParams{PoolID: job.Args.PoolID, ReservationID: job.Args.ReservationID})
 		if fault.Has(err, fault.NotFound) {
 			return nil // the reservation is gone (deleted by hand): nothing to expire
 		}

@@ -44,7 +44,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
-	domain "github.com/bettercompute/bettercompute/domain/quorum"
+	"github.com/bettercompute/bettercompute/domain/quorum"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/clock"
 	"github.com/bettercompute/bettercompute/platform/fault"
@@ -54,7 +54,7 @@ import (
 // Applier applies a committed batch's items (b.Items, in order) inside tx, the
 // fenced apply transaction: whatever it writes commits together with the batch
 // marked applied, or not at all. It must not commit tx or start work outside it.
-type Applier func(ctx context.Context, tx pgx.Tx, b *domain.Batch) error
+type Applier func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error
 
 // Options configure Register.
 type Options struct {
@@ -144,7 +144,7 @@ type ApplyWorker struct {
 // Work applies the batch in the fenced job transaction.
 func (w *ApplyWorker) Work(ctx context.Context, job *river.Job[jobs.QuorumApply]) error {
 	return workers.InTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := domain.ApplyTx(ctx, tx, job.Args.BatchID, func(ctx context.Context, tx pgx.Tx, b *domain.Batch) error {
+		_, err := quorum.ApplyTx(ctx, tx, job.Args.BatchID, func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
 			fn := w.appliers.get(b.Kind)
 			if fn == nil {
 				// Retried with backoff, not cancelled: a process of a newer
@@ -177,7 +177,7 @@ var errEarly = errors.New("deadline not reached")
 func (w *ExpiryWorker) Work(ctx context.Context, job *river.Job[jobs.QuorumExpiry]) error {
 	var dueIn time.Duration
 	err := workers.InTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
-		res, err := domain.ExpireTx(ctx, tx, job.Args.BatchID)
+		res, err := quorum.ExpireTx(ctx, tx, job.Args.BatchID)
 		if fault.Has(err, fault.NotFound) {
 			return nil // the batch is gone: nothing to expire
 		}

@@ -3,11 +3,14 @@ package cli_test
 import (
 	"bytes"
 	"encoding/json"
+	"go/parser"
+	"go/token"
 	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -148,4 +151,69 @@ func TestNothingRegistersFromInit(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestNoImportAliases: our packages import each other by their own names
+// (ARCHITECTURE.md: a module's worker package is named so that it imports
+// beside its domain package without one).
+func TestNoImportAliases(t *testing.T) {
+	t.Parallel()
+	for _, p := range goList(t, "./...", "./testdata/exampleapp") {
+		files, err := filepath.Glob(filepath.Join(p.Dir, "*.go"))
+		require.NoError(t, err)
+		for _, f := range files {
+			parsed, err := parser.ParseFile(token.NewFileSet(), f, nil, parser.ImportsOnly)
+			require.NoError(t, err)
+			for _, imp := range parsed.Imports {
+				path := strings.Trim(imp.Path.Value, `"`)
+				if strings.HasPrefix(path, module) && imp.Name != nil && imp.Name.Name != "_" {
+					t.Errorf("%s imports %s as %s: import our packages by their own names", f, path, imp.Name.Name)
+				}
+			}
+		}
+	}
+}
+
+// riverWriters are the migrations whose SQL functions write River's tables
+// (ARCHITECTURE.md, "River's tables"): each is called by a statement of
+// jobs/riverjob.go or of a fenced step, and a test checks the rows it writes
+// against what River expects.
+var riverWriters = map[string]bool{
+	"core/0008_batch_functions.sql":      true, // compute_finish_batch, compute_finish_taken: a batch's job completed with its keys
+	"core/0009_dirty_trace.sql":          true, // compute_mark_dirty: a key's reconcile job
+	"workflow/0003_signal_barrier.sql":   true, // a signal's wake-up of its workflow's job
+	"workflow/0004_advance_function.sql": true, // compute_workflow_advance: a step's next job
+}
+
+// TestRiverTablesAreWrittenInOnePlace: Go writes River's tables only in
+// jobs/riverjob.go, and SQL only in the functions of riverWriters.
+func TestRiverTablesAreWrittenInOnePlace(t *testing.T) {
+	t.Parallel()
+	write := regexp.MustCompile(`(?i)\b(insert\s+into|update|delete\s+from)\s+river_[a-z_]+`)
+	for _, p := range goList(t, "./...") {
+		for _, f := range p.GoFiles {
+			rel := strings.TrimPrefix(p.ImportPath, module) + "/" + f
+			if rel == "jobs/riverjob.go" {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join(p.Dir, f))
+			require.NoError(t, err)
+			if m := write.Find(b); m != nil {
+				t.Errorf("%s writes River's tables (%q): only jobs/riverjob.go may (ARCHITECTURE.md)", rel, m)
+			}
+		}
+	}
+	require.NoError(t, fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".sql") || strings.HasPrefix(path, "jobs/") {
+			return err // the jobs owner's migrations are River's own
+		}
+		b, err := fs.ReadFile(migrations.FS, path)
+		if err != nil {
+			return err
+		}
+		if m := write.Find(b); m != nil && !riverWriters[path] {
+			t.Errorf("migration %s writes River's tables (%q): list it in riverWriters and in ARCHITECTURE.md, with the test that checks its rows", path, m)
+		}
+		return nil
+	}))
 }
