@@ -702,7 +702,7 @@ CREATE FUNCTION public.compute_refuse_stranded_job() RETURNS trigger
     AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM compute_fenced_kinds WHERE kind = NEW.kind) THEN
-        RAISE EXCEPTION 'job kind % is fenced (worked only in shard queues, under the shard''s lease), so it cannot go to queue %, which no worker works: insert it with jobs.InsertForKeyTx, whose key picks its shard queue',
+        RAISE EXCEPTION 'job kind % is fenced (worked only in shard queues, under the shard''s lease), so it cannot go to queue %, which no worker works: insert it with workers.InsertForKeyTx, whose key picks its shard queue',
             NEW.kind, NEW.queue USING ERRCODE = '22023';
     END IF;
     RETURN NEW;

@@ -106,9 +106,9 @@ const (
 	LostExpired = "expired by this process's clock without a renewal"
 )
 
-// StandbyPoll is how often a keeper that wants a lease held by another looks for
+// standbyPoll is how often a keeper that wants a lease held by another looks for
 // it to be released (it also retries at the holder's expiry).
-const StandbyPoll = time.Second
+const standbyPoll = time.Second
 
 // Keeper keeps a process's leases: see the package doc.
 type Keeper struct {
@@ -124,10 +124,10 @@ type Keeper struct {
 	failing int
 }
 
-// FailedRoundRetry is how soon a keeper tries again after a round that could not
+// failedRoundRetry is how soon a keeper tries again after a round that could not
 // reach the database (a restart, a network cut): the leases come back, and their
 // work resumes, within this of the server accepting connections again.
-const FailedRoundRetry = 100 * time.Millisecond
+const failedRoundRetry = 100 * time.Millisecond
 
 // NewKeeper returns a keeper; call Run to start it.
 func NewKeeper(o KeeperOptions) *Keeper {
@@ -226,12 +226,12 @@ func (k *Keeper) nextWait() time.Duration {
 	wait := k.o.Renew
 	now := k.o.Anchor.Now()
 	if k.failing > 0 {
-		wait = min(wait, FailedRoundRetry)
+		wait = min(wait, failedRoundRetry)
 	}
 	if len(k.held) < len(k.want) {
 		// A standby looks for released leases every second (a cheap, lock-free
 		// check), so a graceful stop hands over at once, not at the next renewal.
-		wait = min(wait, StandbyPoll)
+		wait = min(wait, standbyPoll)
 	}
 	for _, at := range k.retry {
 		if d := at.Sub(now) + 5*time.Millisecond; d < wait {
@@ -508,7 +508,7 @@ func (k *Keeper) roundFailed(err error, msg string) {
 	first := k.failing == 1
 	k.mu.Unlock()
 	if first {
-		k.o.Log.Warn().Err(err).Msg(msg + "; retrying every " + FailedRoundRetry.String())
+		k.o.Log.Warn().Err(err).Msg(msg + "; retrying every " + failedRoundRetry.String())
 	} else {
 		k.o.Log.Debug().Err(err).Int("failed_rounds", k.failing).Msg(msg)
 	}
