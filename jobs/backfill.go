@@ -23,8 +23,8 @@ type Backfill struct {
 // BackfillKindPrefix starts the kind of every backfill job: backfill_<name>.
 const BackfillKindPrefix = "backfill_"
 
-// BackfillTag is the River tag every backfill job carries.
-const BackfillTag = "backfill"
+// backfillTag is the River tag every backfill job carries.
+const backfillTag = "backfill"
 
 // Kind implements river.JobArgs: backfill_<name>.
 func (b Backfill) Kind() string { return BackfillKindPrefix + b.Name }

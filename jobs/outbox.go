@@ -30,8 +30,8 @@ func (OutboxDispatch) Kind() string { return OutboxDispatchKind }
 // events every sink cursor has passed and that are older than the replay window.
 type OutboxRetention struct{}
 
-// OutboxRetentionKind is OutboxRetention's River job kind.
-const OutboxRetentionKind = "outbox_retention"
+// outboxRetentionKind is OutboxRetention's River job kind.
+const outboxRetentionKind = "outbox_retention"
 
 // Kind implements river.JobArgs.
-func (OutboxRetention) Kind() string { return OutboxRetentionKind }
+func (OutboxRetention) Kind() string { return outboxRetentionKind }

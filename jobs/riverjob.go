@@ -388,7 +388,7 @@ func InsertBackfillTx(ctx context.Context, tx pgx.Tx, args Backfill, queue strin
 	}
 	var id int64
 	err = tx.QueryRow(ctx, insertBackfillSQL, string(enc), args.Kind(), river.MaxAttemptsDefault, queue,
-		time.Now().Add(delay), state, []string{BackfillTag}).Scan(&id)
+		time.Now().Add(delay), state, []string{backfillTag}).Scan(&id)
 	return id, err
 }
 

@@ -255,7 +255,7 @@ func TestRiverDefaults(t *testing.T) {
 	})
 	for id, state := range map[int64]string{soon: "available", late: "scheduled"} {
 		j := read(t, `id = $1`, id)
-		require.Equal(t, job{ID: id, MaxAttempts: byRiver.MaxAttempts, Priority: byRiver.Priority, Queue: "shard_3", State: state, Tags: []string{BackfillTag}}, j)
+		require.Equal(t, job{ID: id, MaxAttempts: byRiver.MaxAttempts, Priority: byRiver.Priority, Queue: "shard_3", State: state, Tags: []string{backfillTag}}, j)
 	}
 }
 

@@ -43,11 +43,11 @@ func (a *WorkflowStep) UnmarshalJSON(b []byte) error {
 // workflows past their retention.
 type WorkflowPrune struct{}
 
-// WorkflowPruneKind is WorkflowPrune's River job kind.
-const WorkflowPruneKind = "workflow_prune"
+// workflowPruneKind is WorkflowPrune's River job kind.
+const workflowPruneKind = "workflow_prune"
 
 // Kind implements river.JobArgs.
-func (WorkflowPrune) Kind() string { return WorkflowPruneKind }
+func (WorkflowPrune) Kind() string { return workflowPruneKind }
 
 // InsertOpts puts it in the maintenance queue, one at a time.
 func (WorkflowPrune) InsertOpts() river.InsertOpts {

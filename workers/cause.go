@@ -81,10 +81,10 @@ func Outcome(ctx context.Context, err error) string {
 	return tracing.OutcomeRetried
 }
 
-// EndSpan ends span with the outcome of err (Outcome, without a context) and,
+// endSpan ends span with the outcome of err (Outcome, without a context) and,
 // for an error, its fault code as status: never the error's message, which may
 // quote the work's data.
-func EndSpan(span trace.Span, err error) {
+func endSpan(span trace.Span, err error) {
 	EndSpanOutcome(span, err, Outcome(context.Background(), err))
 }
 

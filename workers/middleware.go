@@ -32,8 +32,8 @@ type jobMiddleware struct {
 	rt *Runtime
 }
 
-// FencedSnooze is how long a fenced job waits before the lease holder runs it.
-const FencedSnooze = time.Second
+// fencedSnooze is how long a fenced job waits before the lease holder runs it.
+const fencedSnooze = time.Second
 
 func (m *jobMiddleware) Work(ctx context.Context, job *rivertype.JobRow, doInner func(ctx context.Context) error) error {
 	ctx = context.WithValue(ctx, runtimeKey{}, m.rt)
@@ -154,7 +154,7 @@ func (rt *Runtime) outcome(job *rivertype.JobRow, err error) error {
 		return river.JobCancel(rt.redactErr(err))
 	case fault.Has(err, fault.Fenced):
 		rt.log.Warn().Err(err).Int64("job_id", job.ID).Str("queue", job.Queue).Msg("job fenced: given back")
-		return river.JobSnooze(FencedSnooze)
+		return river.JobSnooze(fencedSnooze)
 	}
 	return rt.redactErr(err)
 }

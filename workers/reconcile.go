@@ -273,7 +273,7 @@ func (b *batchRun) restart() {
 	b.start, b.dirtied = time.Now(), b.dirtied[:0]
 	b.again, b.delays = b.again[:0], b.delays[:0]
 	if b.span != nil {
-		EndSpan(b.span, errRetried) // the connection was lost: the run starts again
+		endSpan(b.span, errRetried) // the connection was lost: the run starts again
 		b.span = nil
 	}
 }
@@ -439,8 +439,8 @@ type resyncWorker struct {
 	reg *Registry
 }
 
-// ResyncPage is how many keys one resync transaction marks.
-const ResyncPage = 500
+// resyncPage is how many keys one resync transaction marks.
+const resyncPage = 500
 
 func (w *resyncWorker) Work(ctx context.Context, job *river.Job[jobs.Resync]) error {
 	rec := w.reg.reconcilers[job.Args.Reconciler]
@@ -450,7 +450,7 @@ func (w *resyncWorker) Work(ctx context.Context, job *river.Job[jobs.Resync]) er
 	rt := runtimeFrom(ctx)
 	after, total := "", 0
 	for {
-		keys, err := rec.List(ctx, rt.pool, after, ResyncPage)
+		keys, err := rec.List(ctx, rt.pool, after, resyncPage)
 		if err != nil {
 			return fmt.Errorf("error listing the keys of %s: %w", rec.Kind, err)
 		}
@@ -470,7 +470,7 @@ func (w *resyncWorker) Work(ctx context.Context, job *river.Job[jobs.Resync]) er
 		}
 		total += len(keys)
 		after = keys[len(keys)-1]
-		if len(keys) < ResyncPage {
+		if len(keys) < resyncPage {
 			break
 		}
 	}

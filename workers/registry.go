@@ -34,12 +34,12 @@ type Reconciler struct {
 	Batch int
 }
 
-// DefaultBatch is Reconciler.Batch's default.
-const DefaultBatch = 32
+// defaultBatch is Reconciler.Batch's default.
+const defaultBatch = 32
 
 func (r *Reconciler) batch() int {
 	if r.Batch <= 0 {
-		return DefaultBatch
+		return defaultBatch
 	}
 	return r.Batch
 }

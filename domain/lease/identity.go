@@ -65,7 +65,7 @@ type Incarnation struct {
 	Number   int64
 	// Took describes the incarnation this one replaced and why it was taken for
 	// gone; nil for a new identity.
-	Took *Predecessor
+	Took *predecessor
 
 	db        pg.DBTX
 	hb        time.Duration
@@ -81,8 +81,8 @@ type Incarnation struct {
 // takes its leases: its heartbeat interval times the beats it may miss.
 func (i *Incarnation) DeadAfter() time.Duration { return i.deadAfter }
 
-// Predecessor is the incarnation a Claim replaced.
-type Predecessor struct {
+// predecessor is the incarnation a Claim replaced.
+type predecessor struct {
 	Number int64
 	Host   string
 	PID    int
@@ -288,7 +288,7 @@ WHERE identity = $1 AND incarnation = $2 RETURNING incarnation`,
 			return nil, pg.Translate(fmt.Errorf("error claiming worker identity %s: %w", identity, err))
 		}
 		return &Incarnation{Identity: identity, Number: n, db: db, hb: o.Heartbeat, deadAfter: deadAfter,
-			Took: &Predecessor{Number: r.incarnation, Host: r.host, PID: r.proc.pid, Reason: why}}, nil
+			Took: &predecessor{Number: r.incarnation, Host: r.host, PID: r.proc.pid, Reason: why}}, nil
 	}
 }
 

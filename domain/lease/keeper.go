@@ -102,7 +102,7 @@ type Lost struct {
 
 // Why a holding is lost (Lost.Why).
 const (
-	LostTaken   = "renewal found it held by another owner"
+	lostTaken   = "renewal found it held by another owner"
 	LostExpired = "expired by this process's clock without a renewal"
 )
 
@@ -275,7 +275,7 @@ func (k *Keeper) tick(ctx context.Context) {
 		k.o.Liveness.Confirm(gen)
 	}
 	k.announce(ctx, renewed, lost, acquired)
-	k.report(start, renewed, acquired, lost, LostTaken)
+	k.report(start, renewed, acquired, lost, lostTaken)
 }
 
 // report hands a round that did something to OnRound.

@@ -217,14 +217,14 @@ func List(ctx context.Context, db pg.DBTX, prefix string) ([]Lease, error) {
 // epoch, or has expired by compute_now().
 func FenceTx(ctx context.Context, tx pgx.Tx, l Lease) error {
 	var one int
-	err := tx.QueryRow(ctx, FenceSQL, l.Name, l.Owner, l.Epoch).Scan(&one)
+	err := tx.QueryRow(ctx, fenceSQL, l.Name, l.Owner, l.Epoch).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fault.New(fault.Fenced, "lease %s (owner %s, epoch %d) is no longer held", l.Name, l.Owner, l.Epoch)
 	}
 	return pg.Translate(err)
 }
 
-// FenceSQL is Fence's statement, for callers that send it in a batch with others:
+// fenceSQL is Fence's statement, for callers that send it in a batch with others:
 // $1 name, $2 owner, $3 epoch; no row means FENCED.
 //
 // The lock is FOR KEY SHARE, not FOR SHARE: both hold a takeover back, since a
@@ -233,7 +233,7 @@ func FenceTx(ctx context.Context, tx pgx.Tx, l Lease) error {
 // lets new share lockers overtake a waiting writer: under a steady stream of
 // fenced transactions a renewal was measured waiting 16 s, past the lease's TTL.
 // FOR KEY SHARE lets the renewal through and still fences every takeover.
-const FenceSQL = `SELECT 1 FROM compute_leases
+const fenceSQL = `SELECT 1 FROM compute_leases
 WHERE name = $1 AND owner = $2 AND epoch = $3 AND expires_at > compute_now()
 FOR KEY SHARE`
 

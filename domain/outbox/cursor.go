@@ -197,7 +197,7 @@ func OpenTail(ctx context.Context, db pg.DBTX, p Position, o TailOptions) (*Tail
 		t.cursor = hz.Through
 		return t, &Gap{After: p.cursor, Through: hz.Through, Earliest: hz.Earliest}, nil
 	}
-	c, err := Resolve(ctx, db, p)
+	c, err := resolve(ctx, db, p)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -42,9 +42,9 @@ type Event struct {
 	Cause string
 }
 
-// MaxTopicLen and MaxKeyLen bound a Message's topic and key.
+// maxTopicLen and MaxKeyLen bound a Message's topic and key.
 const (
-	MaxTopicLen = 200
+	maxTopicLen = 200
 	MaxKeyLen   = 512
 )
 
@@ -74,8 +74,8 @@ func (m Message) payloadText() (string, error) {
 
 func (m Message) validate() error {
 	switch {
-	case m.Topic == "" || len(m.Topic) > MaxTopicLen:
-		return fault.New(fault.InvalidArgument, "event topic must be 1 to %d bytes, got %d", MaxTopicLen, len(m.Topic))
+	case m.Topic == "" || len(m.Topic) > maxTopicLen:
+		return fault.New(fault.InvalidArgument, "event topic must be 1 to %d bytes, got %d", maxTopicLen, len(m.Topic))
 	case len(m.Key) > MaxKeyLen:
 		return fault.New(fault.InvalidArgument, "event %s: key must be at most %d bytes, got %d", m.Topic, MaxKeyLen, len(m.Key))
 	}
@@ -293,9 +293,9 @@ func read(ctx context.Context, db pg.DBTX, o ReadOptions, withHorizon bool) (bat
 	return b, nil
 }
 
-// Resolve turns a position into a cursor: Start is the zero cursor, End the
+// resolve turns a position into a cursor: Start is the zero cursor, End the
 // log's end now (see End), After(c) is c.
-func Resolve(ctx context.Context, db pg.DBTX, p Position) (Cursor, error) {
+func resolve(ctx context.Context, db pg.DBTX, p Position) (Cursor, error) {
 	switch p.kind {
 	case posStart:
 		return Cursor{}, nil

@@ -53,9 +53,9 @@ func ListWriteXacts(ctx context.Context, db pg.DBTX) ([]WriteXact, error) {
 	return open, rows.Err()
 }
 
-// ServerClock reads the server's wall clock, which pg_stat_activity's
+// serverClock reads the server's wall clock, which pg_stat_activity's
 // transaction starts are on (not compute_now()'s).
-func ServerClock(ctx context.Context, db pg.DBTX) (time.Time, error) {
+func serverClock(ctx context.Context, db pg.DBTX) (time.Time, error) {
 	var now time.Time
 	err := db.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&now) // bare clock: transaction starts are on the server's wall clock
 	return now, err
@@ -69,7 +69,7 @@ func OldestWriteXact(ctx context.Context, db pg.DBTX) (time.Duration, int, error
 	if err != nil {
 		return 0, 0, err
 	}
-	now, err := ServerClock(ctx, db)
+	now, err := serverClock(ctx, db)
 	if err != nil {
 		return 0, 0, err
 	}

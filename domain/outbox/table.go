@@ -58,7 +58,7 @@ type Table struct {
 
 // Defaults of Table.
 const (
-	DefaultBatchSize    = 100
+	defaultBatchSize    = 100
 	DefaultClaimTimeout = 30 * time.Second
 	// MaxErrorLen is how many characters of a failed publish's error are kept in
 	// last_error.
@@ -118,7 +118,7 @@ func Compile(t Table) (*Compiled, error) {
 		return nil, err
 	}
 	if t.BatchSize == 0 {
-		t.BatchSize = DefaultBatchSize
+		t.BatchSize = defaultBatchSize
 	}
 	if t.ClaimTimeout == 0 {
 		t.ClaimTimeout = DefaultClaimTimeout

@@ -219,15 +219,15 @@ ON CONFLICT (kind) DO UPDATE SET steps = EXCLUDED.steps, signals = EXCLUDED.sign
 	return nil
 }
 
-// Stranded is an unfinished workflow that sits on a step no definition has.
-type Stranded struct {
+// stranded is an unfinished workflow that sits on a step no definition has.
+type stranded struct {
 	ID, Kind, Step string
 }
 
-// FindStranded returns up to 20 unfinished workflows (running, sleeping,
+// findStranded returns up to 20 unfinished workflows (running, sleeping,
 // waiting, cancelling, or failed, which RetryTx resumes) whose kind or step
 // (or await's timeout step) is not among metas, and how many there are.
-func FindStranded(ctx context.Context, db pg.DBTX, metas []Meta) ([]Stranded, int, error) {
+func findStranded(ctx context.Context, db pg.DBTX, metas []Meta) ([]stranded, int, error) {
 	var kinds, steps []string
 	for _, m := range metas {
 		for _, s := range m.Steps {
@@ -250,10 +250,10 @@ SELECT id, kind, step, count(*) OVER () FROM s ORDER BY kind, step, id LIMIT 20`
 		return nil, 0, pg.Translate(fmt.Errorf("error checking unfinished workflows against the definitions: %w", err))
 	}
 	defer rows.Close()
-	var out []Stranded
+	var out []stranded
 	total := 0
 	for rows.Next() {
-		var s Stranded
+		var s stranded
 		if err := rows.Scan(&s.ID, &s.Kind, &s.Step, &total); err != nil {
 			return nil, 0, pg.Translate(err)
 		}
@@ -266,7 +266,7 @@ SELECT id, kind, step, count(*) OVER () FROM s ORDER BY kind, step, id LIMIT 20`
 // sit on a step metas lack (FindStranded): a worker with these definitions
 // would strand them.
 func CheckDefinitions(ctx context.Context, db pg.DBTX, metas []Meta) error {
-	st, total, err := FindStranded(ctx, db, metas)
+	st, total, err := findStranded(ctx, db, metas)
 	if err != nil || total == 0 {
 		return err
 	}

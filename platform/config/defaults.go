@@ -6,9 +6,9 @@ import "time"
 // them, Help prints them, and the packages that take these settings as options
 // (the lease keeper, the worker runtime) fall back to them for a zero value.
 const (
-	// DefaultDBMaxConns is the default of DB_MAX_CONNS: the most connections in
+	// defaultDBMaxConns is the default of DB_MAX_CONNS: the most connections in
 	// one process's pool.
-	DefaultDBMaxConns = 20
+	defaultDBMaxConns = 20
 	// DefaultStatementTimeout is the default of STATEMENT_TIMEOUT, SET LOCAL in
 	// every transaction.
 	DefaultStatementTimeout = 15 * time.Second
@@ -55,7 +55,7 @@ const (
 // DATABASE_URL): what Load returns for an empty environment.
 func Defaults() *Config {
 	return &Config{
-		DBMaxConns:         DefaultDBMaxConns,
+		DBMaxConns:         defaultDBMaxConns,
 		StatementTimeout:   DefaultStatementTimeout,
 		LogLevel:           DefaultLogLevel,
 		ShardCount:         DefaultShardCount,

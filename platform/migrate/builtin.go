@@ -16,8 +16,8 @@ import (
 	"github.com/bettercompute/bettercompute/platform/fault"
 )
 
-// RiverOwner is the ledger owner of River's schema.
-const RiverOwner = "river"
+// riverOwner is the ledger owner of River's schema.
+const riverOwner = "river"
 
 // River returns River's schema as ledger migrations river/nnnn_<name>, one River
 // version each. Applying them one version per transaction also splits River's
@@ -28,7 +28,7 @@ func River() (Group, error) {
 	if err != nil {
 		return Group{}, fault.Wrap(fault.Internal, err, "cannot load River's migrations")
 	}
-	g := Group{Owner: RiverOwner}
+	g := Group{Owner: riverOwner}
 	for _, v := range m.AllVersions() {
 		version := v.Version
 		slug := strings.ReplaceAll(strings.ToLower(v.Name), " ", "_")
@@ -39,7 +39,7 @@ func River() (Group, error) {
 			return '_'
 		}, slug)
 		g.Migrations = append(g.Migrations, Migration{
-			Owner: RiverOwner, Number: version, Slug: slug, SQL: v.SQLUp,
+			Owner: riverOwner, Number: version, Slug: slug, SQL: v.SQLUp,
 			Apply: func(ctx context.Context, tx pgx.Tx) error {
 				_, err := m.MigrateTx(ctx, tx, rivermigrate.DirectionUp, &rivermigrate.MigrateOpts{TargetVersion: version})
 				return err
@@ -54,7 +54,7 @@ func River() (Group, error) {
 func Builtin(app ...Group) (*Set, error) {
 	var groups []Group
 	for i, owner := range migrations.Owners {
-		if _, err := fs.Stat(migrations.FS, owner); err != nil && owner != CoreOwner {
+		if _, err := fs.Stat(migrations.FS, owner); err != nil && owner != coreOwner {
 			continue // a built-in owner with no migrations yet
 		}
 		sub, err := fs.Sub(migrations.FS, owner)
@@ -82,7 +82,7 @@ func Builtin(app ...Group) (*Set, error) {
 		}
 	}
 	for _, g := range app {
-		if g.Owner == CoreOwner || g.Owner == RiverOwner || containsOwner(groups, g.Owner) {
+		if g.Owner == coreOwner || g.Owner == riverOwner || containsOwner(groups, g.Owner) {
 			return nil, fault.New(fault.InvalidConfig, "migration owner %q is reserved by Better Compute", g.Owner)
 		}
 	}

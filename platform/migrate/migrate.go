@@ -26,8 +26,8 @@ const (
 	LockKey2 = 1
 )
 
-// CoreOwner is the owner reserved for the base schema.
-const CoreOwner = "core"
+// coreOwner is the owner reserved for the base schema.
+const coreOwner = "core"
 
 // Migration is one migration: SQL, or (for River's schema) a function.
 type Migration struct {
@@ -135,7 +135,7 @@ func NewSet(groups ...Group) (*Set, error) {
 			return nil, fault.New(fault.InvalidConfig, "migration owner %q is registered twice", g.Owner)
 		}
 		seen[g.Owner] = true
-		if g.Owner == CoreOwner && i != 0 {
+		if g.Owner == coreOwner && i != 0 {
 			return nil, fault.New(fault.InvalidConfig, "migration owner core is reserved for the base schema and runs first")
 		}
 		ms := slices.Clone(g.Migrations)
@@ -177,7 +177,7 @@ func (s *Set) Owners() []string {
 // CoreVersion is the number of core migrations in this build.
 func (s *Set) CoreVersion() int {
 	for _, g := range s.groups {
-		if g.Owner == CoreOwner {
+		if g.Owner == coreOwner {
 			return len(g.Migrations)
 		}
 	}
@@ -289,15 +289,15 @@ type Result struct {
 	Duration time.Duration // the whole call
 }
 
-// Logger receives one line per applied migration.
-type Logger func(name string, took time.Duration)
+// logger receives one line per applied migration.
+type logger func(name string, took time.Duration)
 
 // Apply applies the pending migrations of the set, each in its own transaction
 // with its ledger row. It returns INVALID_CONFIG naming every refused entry
 // before applying anything, and the failing migration's name with its cause if
 // one fails (that migration leaves nothing behind). It is idempotent and safe to
 // run from many processes at once.
-func (s *Set) Apply(ctx context.Context, db *pg.Pool, log Logger) (*Result, error) {
+func (s *Set) Apply(ctx context.Context, db *pg.Pool, log logger) (*Result, error) {
 	start := time.Now()
 	res := &Result{}
 	if err := bootstrap(ctx, db); err != nil {
@@ -317,7 +317,7 @@ func (s *Set) Apply(ctx context.Context, db *pg.Pool, log Logger) (*Result, erro
 	}
 	coreDone := 0
 	for _, m := range s.Migrations() {
-		if m.Owner == CoreOwner && !pending[m.Name()] {
+		if m.Owner == coreOwner && !pending[m.Name()] {
 			coreDone++
 		}
 	}
@@ -348,7 +348,7 @@ func (s *Set) Apply(ctx context.Context, db *pg.Pool, log Logger) (*Result, erro
 			if _, err := tx.Exec(ctx, "INSERT INTO compute_migrations (name, applied_at) VALUES ($1, compute_now())", m.Name()); err != nil {
 				return err
 			}
-			if m.Owner == CoreOwner {
+			if m.Owner == coreOwner {
 				if _, err := tx.Exec(ctx, `UPDATE compute_schema_version SET version = (SELECT count(*) FROM compute_migrations WHERE name LIKE 'core/%')`); err != nil {
 					return err
 				}

@@ -26,15 +26,15 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
 
-// DefaultListen is the address serve listens on when none is configured.
-const DefaultListen = "127.0.0.1:8080"
+// defaultListen is the address serve listens on when none is configured.
+const defaultListen = "127.0.0.1:8080"
 
-// StreamGrace is how long after shutdown begins the contexts of requests still
+// streamGrace is how long after shutdown begins the contexts of requests still
 // running (event streams) are cancelled.
-const StreamGrace = time.Second
+const streamGrace = time.Second
 
-// ReadyTimeout bounds one /readyz check.
-const ReadyTimeout = 3 * time.Second
+// readyTimeout bounds one /readyz check.
+const readyTimeout = 3 * time.Second
 
 // Options configure a Server.
 type Options struct {
@@ -135,7 +135,7 @@ func New(ctx context.Context, o Options) (*Server, error) {
 		return nil, fault.New(fault.InvalidConfig, "web: no pool")
 	}
 	if o.Listen == "" {
-		o.Listen = DefaultListen
+		o.Listen = defaultListen
 	}
 	if o.ShutdownTimeout <= 0 {
 		o.ShutdownTimeout = 5 * time.Second
@@ -321,7 +321,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		srv, served := s.srv, s.served
 		s.mu.Unlock()
 		if srv != nil {
-			timer := time.AfterFunc(StreamGrace, s.baseCancel)
+			timer := time.AfterFunc(streamGrace, s.baseCancel)
 			sctx, cancel := context.WithTimeout(ctx, s.o.ShutdownTimeout)
 			err := srv.Shutdown(sctx)
 			cancel()
@@ -346,7 +346,7 @@ func healthz(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")

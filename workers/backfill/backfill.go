@@ -21,12 +21,12 @@ const (
 	MaxBatchSize = 100_000
 )
 
-// DrainFor is how long one batch job keeps taking batches while they come back
+// drainFor is how long one batch job keeps taking batches while they come back
 // full, each in its own transaction, before it hands the backfill on to a new
 // job: River fetches a queue once per poll interval, so this is what lets a
 // backfill run faster than one batch per poll. It is at most half the job's
 // timeout.
-const DrainFor = time.Second
+const drainFor = time.Second
 
 // withDefaults returns b with its zero options defaulted.
 func withDefaults(b workers.Backfill) workers.Backfill {
@@ -102,13 +102,13 @@ func batchSize(b workers.Backfill, chosen *int32) int {
 	return min(max(int(*chosen), 1), hi)
 }
 
-// NextBatchSize is the size of the batch after one that asked for cur rows and
+// nextBatchSize is the size of the batch after one that asked for cur rows and
 // took took, aiming at target per batch: cur × target / took, at least cur/2
 // and at most 2 × cur, and between 1 and hi (the chunk-time rule of gh-ost and
 // pt-online-schema-change). A batch can grow only by doubling, so one fast
 // outlier does not make the next batch huge, and shrink only by halving, so
 // one stall does not make it tiny.
-func NextBatchSize(cur int, took, target time.Duration, hi int) int {
+func nextBatchSize(cur int, took, target time.Duration, hi int) int {
 	cur = max(cur, 1)
 	next := 2 * cur
 	if took > 0 {

@@ -375,16 +375,16 @@ func TestNextBatchSize(t *testing.T) {
 		{0, time.Millisecond, 100_000, 2},             // a size of 0 counts as 1
 		{10, time.Millisecond, 0, 1},                  // a maximum below 1 counts as 1
 	} {
-		require.Equal(t, tc.want, NextBatchSize(tc.cur, tc.took, target, tc.hi), "%+v", tc)
+		require.Equal(t, tc.want, nextBatchSize(tc.cur, tc.took, target, tc.hi), "%+v", tc)
 	}
 	// Repeated fast batches double up to the maximum; then slow ones halve.
 	n, seq := DefaultBatchSize, []int{}
 	for i := 0; i < 8; i++ {
-		n = NextBatchSize(n, 10*time.Millisecond, target, 20_000)
+		n = nextBatchSize(n, 10*time.Millisecond, target, 20_000)
 		seq = append(seq, n)
 	}
 	for i := 0; i < 3; i++ {
-		n = NextBatchSize(n, 400*time.Millisecond, target, 20_000)
+		n = nextBatchSize(n, 400*time.Millisecond, target, 20_000)
 		seq = append(seq, n)
 	}
 	require.Equal(t, []int{2000, 4000, 8000, 16000, 20000, 20000, 20000, 20000, 10000, 5000, 2500}, seq)

@@ -158,7 +158,7 @@ func (w *worker) timeout(ctx context.Context) time.Duration {
 // drainFor is how long this job may keep taking batches: DrainFor, at most
 // half of what is left of the job's timeout.
 func (w *worker) drainFor(ctx context.Context) time.Duration {
-	d := DrainFor
+	d := drainFor
 	if w.set.drain != 0 {
 		d = w.set.drain
 	}
@@ -262,7 +262,7 @@ FOR UPDATE`, args.Name, args.Epoch, job.ID)
 	}
 	next := size
 	if !w.b.FixedBatchSize && n > 0 {
-		next = NextBatchSize(size, took, w.b.BatchTime, maxBatch(w.b))
+		next = nextBatchSize(size, took, w.b.BatchTime, maxBatch(w.b))
 	}
 
 	var (

@@ -78,8 +78,8 @@ func Register(reg *workers.Registry, o *Options) error {
 		opts.SimPoll = time.Second
 	}
 	err := errors.Join(
-		workers.AddWorker(reg, &HoldExpiryWorker{maxSnooze: opts.MaxSnooze, simPoll: opts.SimPoll}),
-		workers.AddMaintenanceWorker(reg, &SweepWorker{grace: opts.Grace}),
+		workers.AddWorker(reg, &holdExpiryWorker{maxSnooze: opts.MaxSnooze, simPoll: opts.SimPoll}),
+		workers.AddMaintenanceWorker(reg, &sweepWorker{grace: opts.Grace}),
 	)
 	if err != nil || opts.SweepEvery <= 0 {
 		return err
@@ -90,8 +90,8 @@ func Register(reg *workers.Registry, o *Options) error {
 		}, &river.PeriodicJobOpts{ID: jobs.CapacityExpirySweepKind}))
 }
 
-// HoldExpiryWorker works jobs.CapacityHoldExpiry.
-type HoldExpiryWorker struct {
+// holdExpiryWorker works jobs.CapacityHoldExpiry.
+type holdExpiryWorker struct {
 	river.WorkerDefaults[jobs.CapacityHoldExpiry]
 	maxSnooze, simPoll time.Duration
 }
@@ -104,7 +104,7 @@ const minSnooze = 50 * time.Millisecond
 
 // Work expires the job's hold if it is due, in the fenced job transaction, and
 // snoozes the job until it is due otherwise.
-func (w *HoldExpiryWorker) Work(ctx context.Context, job *river.Job[jobs.CapacityHoldExpiry]) error {
+func (w *holdExpiryWorker) Work(ctx context.Context, job *river.Job[jobs.CapacityHoldExpiry]) error {
 	var dueIn time.Duration
 	err := workers.InTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
 		res, err := capacity.ExpireHoldsTx(ctx, tx, &capacity.ExpireParams{PoolID: job.Args.PoolID, ReservationID: job.Args.ReservationID})
@@ -121,15 +121,15 @@ func (w *HoldExpiryWorker) Work(ctx context.Context, job *river.Job[jobs.Capacit
 		return nil
 	})
 	if errors.Is(err, errNotDue) {
-		return river.JobSnooze(SnoozeFor(ctx, dueIn, w.maxSnooze, w.simPoll))
+		return river.JobSnooze(snoozeFor(ctx, dueIn, w.maxSnooze, w.simPoll))
 	}
 	return err
 }
 
-// SnoozeFor is how long a job that ran dueIn (by compute_now()) too early
+// snoozeFor is how long a job that ran dueIn (by compute_now()) too early
 // snoozes: dueIn, at least 50 ms, at most maxSnooze, and at most simPoll while
 // the process's clock anchor says compute_now() is not the system clock.
-func SnoozeFor(ctx context.Context, dueIn, maxSnooze, simPoll time.Duration) time.Duration {
+func snoozeFor(ctx context.Context, dueIn, maxSnooze, simPoll time.Duration) time.Duration {
 	d := min(max(dueIn, minSnooze), maxSnooze)
 	if rt := workers.RuntimeFrom(ctx); rt != nil {
 		if _, mode := rt.Anchor().Skew(); mode != clock.System {
@@ -139,8 +139,8 @@ func SnoozeFor(ctx context.Context, dueIn, maxSnooze, simPoll time.Duration) tim
 	return d
 }
 
-// SweepWorker works jobs.CapacityExpirySweep.
-type SweepWorker struct {
+// sweepWorker works jobs.CapacityExpirySweep.
+type sweepWorker struct {
 	river.WorkerDefaults[jobs.CapacityExpirySweep]
 	grace time.Duration
 }
@@ -151,7 +151,7 @@ const sweepLimit = 1000
 // Work enqueues the expiry job of every hold overdue by more than the grace
 // period (up to sweepLimit), unique by args: a hold whose job is alive gets no
 // second one.
-func (w *SweepWorker) Work(ctx context.Context, job *river.Job[jobs.CapacityExpirySweep]) error {
+func (w *sweepWorker) Work(ctx context.Context, job *river.Job[jobs.CapacityExpirySweep]) error {
 	rt := workers.RuntimeFrom(ctx)
 	if rt == nil {
 		return fmt.Errorf("capacity sweep: no worker runtime in the job's context")

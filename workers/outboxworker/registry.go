@@ -177,8 +177,8 @@ func (st *state) dispatcher(name string) passer {
 	return st.dispatchers[name]
 }
 
-// Sinks returns the names of the sinks registered in reg, sorted.
-func Sinks(reg *workers.Registry) []string {
+// sinks returns the names of the sinks registered in reg, sorted.
+func sinks(reg *workers.Registry) []string {
 	st, err := stateOf(reg)
 	if err != nil {
 		return nil

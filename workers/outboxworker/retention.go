@@ -23,7 +23,7 @@ type retentionWorker struct {
 // back short or RetentionMaxBatches ran. Idempotent: any process may run it.
 func (w *retentionWorker) Work(ctx context.Context, job *river.Job[jobs.OutboxRetention]) error {
 	rt := workers.RuntimeFrom(ctx)
-	n, err := Prune(ctx, rt.Pool(), w.st.options())
+	n, err := prune(ctx, rt.Pool(), w.st.options())
 	_ = river.RecordOutput(ctx, map[string]int{"deleted": n})
 	if n > 0 {
 		log := rt.Log()
@@ -32,9 +32,9 @@ func (w *retentionWorker) Work(ctx context.Context, job *river.Job[jobs.OutboxRe
 	return err
 }
 
-// Prune runs one retention pass with o's window and bounds (see Options) and
+// prune runs one retention pass with o's window and bounds (see Options) and
 // returns how many events it deleted.
-func Prune(ctx context.Context, db pg.DBTX, o Options) (int, error) {
+func prune(ctx context.Context, db pg.DBTX, o Options) (int, error) {
 	o = o.withDefaults()
 	total := 0
 	for i := 0; i < o.RetentionMaxBatches; i++ {

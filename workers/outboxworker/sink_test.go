@@ -257,7 +257,7 @@ func TestAddSinkValidates(t *testing.T) {
 	require.ErrorContains(t, AddSink(reg, Sink{Name: "nohandler"}), "no Handle")
 	require.NoError(t, AddSink(reg, Sink{Name: "ok", Handle: h}))
 	require.ErrorContains(t, AddSink(reg, Sink{Name: "ok", Handle: h}), "registered twice")
-	require.Equal(t, []string{"ok"}, Sinks(reg))
+	require.Equal(t, []string{"ok"}, sinks(reg))
 	require.ErrorContains(t, Register(reg, &Options{PollEvery: -1}), "negative")
 }
 

@@ -313,8 +313,8 @@ func TestAddSinkWantsExactlyOneHandler(t *testing.T) {
 		require.ErrorContains(t, err, "Handle for an outside system")
 		require.ErrorContains(t, err, "HandleTx for writes into this database")
 	}
-	require.Empty(t, Sinks(reg), "a refused sink is not registered")
+	require.Empty(t, sinks(reg), "a refused sink is not registered")
 	require.NoError(t, AddSink(reg, Sink{Name: "tx", HandleTx: htx}))
 	require.NoError(t, AddSink(reg, Sink{Name: "plain", Handle: h}))
-	require.Equal(t, []string{"plain", "tx"}, Sinks(reg))
+	require.Equal(t, []string{"plain", "tx"}, sinks(reg))
 }

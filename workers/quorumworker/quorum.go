@@ -82,8 +82,8 @@ func (a *appliers) get(kind string) Applier {
 // Install implements workers.Part: the apply and expiry workers.
 func (a *appliers) Install(reg *workers.Registry) error {
 	return errors.Join(
-		workers.AddWorker(reg, &ApplyWorker{appliers: a}),
-		workers.AddWorker(reg, &ExpiryWorker{maxSnooze: a.opts.MaxSnooze, simPoll: a.opts.SimPoll}),
+		workers.AddWorker(reg, &applyWorker{appliers: a}),
+		workers.AddWorker(reg, &expiryWorker{maxSnooze: a.opts.MaxSnooze, simPoll: a.opts.SimPoll}),
 	)
 }
 
@@ -135,14 +135,14 @@ func AddApplier(reg *workers.Registry, kind string, fn Applier) error {
 	return nil
 }
 
-// ApplyWorker works jobs.QuorumApply.
-type ApplyWorker struct {
+// applyWorker works jobs.QuorumApply.
+type applyWorker struct {
 	river.WorkerDefaults[jobs.QuorumApply]
 	appliers *appliers
 }
 
 // Work applies the batch in the fenced job transaction.
-func (w *ApplyWorker) Work(ctx context.Context, job *river.Job[jobs.QuorumApply]) error {
+func (w *applyWorker) Work(ctx context.Context, job *river.Job[jobs.QuorumApply]) error {
 	return workers.InTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := quorum.ApplyTx(ctx, tx, job.Args.BatchID, func(ctx context.Context, tx pgx.Tx, b *quorum.Batch) error {
 			fn := w.appliers.get(b.Kind)
@@ -164,8 +164,8 @@ func (w *ApplyWorker) Work(ctx context.Context, job *river.Job[jobs.QuorumApply]
 	})
 }
 
-// ExpiryWorker works jobs.QuorumExpiry.
-type ExpiryWorker struct {
+// expiryWorker works jobs.QuorumExpiry.
+type expiryWorker struct {
 	river.WorkerDefaults[jobs.QuorumExpiry]
 	maxSnooze, simPoll time.Duration
 }
@@ -174,7 +174,7 @@ var errEarly = errors.New("deadline not reached")
 
 // Work expires the batch if it is open at its deadline, in the fenced job
 // transaction, and snoozes the job while the deadline is ahead.
-func (w *ExpiryWorker) Work(ctx context.Context, job *river.Job[jobs.QuorumExpiry]) error {
+func (w *expiryWorker) Work(ctx context.Context, job *river.Job[jobs.QuorumExpiry]) error {
 	var dueIn time.Duration
 	err := workers.InTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
 		res, err := quorum.ExpireTx(ctx, tx, job.Args.BatchID)

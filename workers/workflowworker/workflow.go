@@ -50,7 +50,7 @@ type Options struct {
 
 // Defaults of Options.
 const (
-	DefaultRetention   = 7 * 24 * time.Hour
+	defaultRetention   = 7 * 24 * time.Hour
 	DefaultPruneEvery  = 10 * time.Minute
 	DefaultWakeEvery   = time.Second
 	DefaultInlineSteps = 100
@@ -72,7 +72,7 @@ type part struct {
 
 func newPart() *part {
 	return &part{defs: map[string]workflow.Definition{}, meta: map[string]workflow.Meta{}, opts: Options{
-		Retention: DefaultRetention, PruneEvery: DefaultPruneEvery, WakeEvery: DefaultWakeEvery,
+		Retention: defaultRetention, PruneEvery: DefaultPruneEvery, WakeEvery: DefaultWakeEvery,
 		InlineSteps: DefaultInlineSteps, InlineFor: DefaultInlineFor,
 	}}
 }
