@@ -1,5 +1,45 @@
-// Package clitest runs an application's command lines in-process, for tests:
-// the same cli.Run the binary's main calls, with its output captured.
+// Package clitest tests an application built on Better Compute from its own
+// _test.go files: a kit with the application's database, clock and workers
+// (Start), and its command lines run in-process (Run).
+//
+// # The kit
+//
+// Start gives a test a fresh database migrated by the application's own
+// migrate command, compute_now() on a sim clock that moves only when the test
+// says (Advance), and a worker runtime of the application's modules in the
+// test's process. The test changes state as the application does, in one
+// transaction (InTx), and waits for what the workers do with it: a reconcile
+// (WaitReconciled), River jobs (WaitJobs), an outbox sink's delivery
+// (WaitDelivered), a workflow's end (WaitWorkflow). Every wait reads the
+// database, polls, and fails the test after Options.Timeout (30 s) saying what
+// it waited for and what it saw last.
+//
+//	func TestMain(m *testing.M) { clitest.Main(m) }
+//
+//	func TestPlaceOrder(t *testing.T) {
+//		k := clitest.Start(t, cli.App{Modules: []cli.Module{shop.Module()}}, nil)
+//		k.InTx(func(ctx context.Context, tx pgx.Tx) error {
+//			return shop.PlaceOrderTx(ctx, tx, "o-1", "ada", 1250)
+//		})
+//		k.WaitReconciled("customer", "ada") // the customer's totals
+//		shipped := k.WaitJobs("ship_order") // the fenced job, completed
+//		k.WaitDelivered("audit")            // the sink has every event
+//		…assert on k.DB…
+//
+//		k.Advance(72 * time.Hour)           // compute_now() moves; timers fire
+//		info := k.WaitWorkflow("order-o-1") // completed, failed or cancelled
+//	}
+//
+// The first Start of a test binary starts an embedded PostgreSQL cluster (or
+// uses the server at TEST_DATABASE_URL: see platform/pgtest), which Main stops
+// when the tests end. Each Start is a database of its own, so tests may run in
+// parallel (t.Parallel).
+//
+// # Command lines
+//
+// Run runs one command line of an App in-process, the same cli.Run the
+// binary's main calls, with its output captured; Kit.Run does it against the
+// kit's database.
 //
 //	r := clitest.Run(t, ctx, app, []string{"BETTER_COMPUTE_DATABASE_URL=" + db.URL}, "doctor")
 //	require.Equal(t, 0, r.Code, r.Stderr)
