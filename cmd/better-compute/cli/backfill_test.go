@@ -29,12 +29,8 @@ import (
 // bfRegistry is what a worker process of app registers.
 func bfRegistry(t *testing.T, app cli.App) *workers.Registry {
 	t.Helper()
-	reg := workers.NewRegistry()
-	for _, m := range app.Modules {
-		if m.Register != nil {
-			require.NoError(t, m.Register(reg))
-		}
-	}
+	reg, err := app.Registry()
+	require.NoError(t, err)
 	return reg
 }
 
