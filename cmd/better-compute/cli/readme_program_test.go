@@ -80,6 +80,15 @@ func TestReadmeProgramBuildsAndRuns(t *testing.T) {
 // ./... skips, and builds the program.
 func buildReadmeProgram(t *testing.T, name string, want ...string) string {
 	t.Helper()
+	pkg := extractReadmeProgram(t, name, want...)
+	return buildPkg(t, t.TempDir(), pkg)
+}
+
+// extractReadmeProgram writes the README's blocks of program name (want are
+// the paths it must have) inside the module, in a directory that ./... skips,
+// and returns the program's import path.
+func extractReadmeProgram(t *testing.T, name string, want ...string) string {
+	t.Helper()
 	root, err := filepath.Abs("../../..")
 	require.NoError(t, err)
 	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
@@ -101,7 +110,22 @@ func buildReadmeProgram(t *testing.T, name string, want ...string) string {
 		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
 		require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
 	}
-	return buildPkg(t, t.TempDir(), "github.com/bettercompute/bettercompute/"+filepath.Base(dir)+"/"+name)
+	return "github.com/bettercompute/bettercompute/" + filepath.Base(dir) + "/" + name
+}
+
+// TestReadmeProgramTestPasses runs, with go test, the tests the README shows
+// for its shop and checkout programs, written with the application test kit
+// (clitest): the kit's examples cannot drift from the kit, or from what works.
+func TestReadmeProgramTestPasses(t *testing.T) {
+	t.Parallel()
+	shop := extractReadmeProgram(t, "shop", "shop/main.go", "shop/main_test.go", "shop/migrations/0001_orders.sql")
+	checkout := extractReadmeProgram(t, "checkout", "checkout/main.go", "checkout/main_test.go", "checkout/migrations/0001_stock.sql")
+	cmd := exec.Command("go", "test", "-count=1", "-v", shop, checkout)
+	cmd.Dir = "../../.."
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "--- PASS: TestPlaceOrder")
+	require.Contains(t, string(out), "--- PASS: TestCheckout")
 }
 
 // programRunner runs bin with args in env and returns its exit code and output.

@@ -20,11 +20,8 @@ import (
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
 	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/domain/workflow"
-	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
-	"github.com/bettercompute/bettercompute/workers/outboxworker"
-	"github.com/bettercompute/bettercompute/workers/workflowworker"
 )
 
 func TestMain(m *testing.M) { clitest.Main(m) }
@@ -60,8 +57,8 @@ func kitModule() cli.Module {
 				workers.AddReconciler(r, workers.Reconciler{Kind: "kit_item", Reconcile: reconcileItem}),
 				workers.AddWorker(r, &shipWorker{}),
 				workers.AddWorker(r, &refusedWorker{}),
-				outboxworker.AddSink(r, outboxworker.Sink{Name: "kit_audit", HandleTx: auditTx}),
-				workflowworker.Add(r, napWorkflow),
+				workers.AddSink(r, workers.Sink{Name: "kit_audit", HandleTx: auditTx}),
+				workers.AddWorkflow(r, napWorkflow),
 			)
 		},
 	}
@@ -75,7 +72,7 @@ func setItemTx(ctx context.Context, tx pgx.Tx, id string, qty int64) error {
 	if err != nil {
 		return err
 	}
-	return jobs.DirtyTx(ctx, tx, "kit_item", id, nil)
+	return workers.DirtyTx(ctx, tx, "kit_item", id, nil)
 }
 
 // reconcileItem copies qty to reconciled_qty and counts its runs; an item
@@ -143,7 +140,7 @@ func (w *refusedWorker) Work(ctx context.Context, job *river.Job[refusedArgs]) e
 }
 
 // auditTx writes every event into kit_audit, with the sink's cursor.
-func auditTx(ctx context.Context, tx pgx.Tx, events []outboxworker.Event) error {
+func auditTx(ctx context.Context, tx pgx.Tx, events []outbox.Event) error {
 	for _, e := range events {
 		if _, err := tx.Exec(ctx, `INSERT INTO kit_audit (event_id, topic, key) VALUES ($1, $2, $3)`,
 			e.ID.String(), e.Topic, e.Key); err != nil {
@@ -259,7 +256,7 @@ func TestKitWaitsForJobs(t *testing.T) {
 	f := fatal{t}
 	k := clitest.Start(f, kitApp(), nil)
 	k.InTx(func(ctx context.Context, tx pgx.Tx) error {
-		_, err := jobs.InsertForKeyTx(ctx, tx, "o-1", shipArgs{ID: "o-1"}, nil)
+		_, err := workers.InsertForKeyTx(ctx, tx, "o-1", shipArgs{ID: "o-1"}, nil)
 		return err
 	})
 	done := k.WaitJobs("kit_ship")
@@ -270,7 +267,7 @@ func TestKitWaitsForJobs(t *testing.T) {
 	require.Equal(t, clitest.DefaultNow, at.UTC(), "the job ran on the sim clock")
 
 	k.InTx(func(ctx context.Context, tx pgx.Tx) error {
-		_, err := jobs.InsertForKeyTx(ctx, tx, "o-2", refusedArgs{ID: "o-2"}, &river.InsertOpts{MaxAttempts: 1})
+		_, err := workers.InsertForKeyTx(ctx, tx, "o-2", refusedArgs{ID: "o-2"}, &river.InsertOpts{MaxAttempts: 1})
 		return err
 	})
 	msg := f.catch(func() { k.WaitJobs("kit_refused") })
@@ -412,7 +409,7 @@ func TestKitWithoutWorkers(t *testing.T) {
 	f := fatal{t}
 	k := clitest.Start(f, kitApp(), &clitest.Options{NoWorkers: true, Timeout: 150 * time.Millisecond})
 	k.InTx(func(ctx context.Context, tx pgx.Tx) error {
-		if _, err := jobs.InsertForKeyTx(ctx, tx, "o-3", shipArgs{ID: "o-3"}, nil); err != nil {
+		if _, err := workers.InsertForKeyTx(ctx, tx, "o-3", shipArgs{ID: "o-3"}, nil); err != nil {
 			return err
 		}
 		if _, err := napWorkflow.StartTx(ctx, tx, struct{}{}, &workflow.StartOpts{ID: "nap-2"}); err != nil {
