@@ -29,6 +29,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/bettercompute/bettercompute/platform/config"
@@ -61,6 +62,10 @@ type Module struct {
 	// Register adds the module's reconcilers, River workers, sinks, backfills
 	// and periodic jobs to a worker process's registry. Nil for none.
 	Register func(r *workers.Registry) error
+	// Metrics, optional, returns the module's Prometheus collectors, which
+	// read the database at each scrape of serve's /metrics (db is serve's
+	// pool, r the registry Register filled). Nil for none.
+	Metrics func(db *pg.Pool, r *workers.Registry) ([]prometheus.Collector, error)
 	// Dev, optional, plays the application while dev runs: started once the
 	// worker runs, it changes rows and marks them dirty until ctx is done (the
 	// demo application's modules do). Only dev runs it. TracerProvider(ctx) is

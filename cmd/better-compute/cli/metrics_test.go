@@ -22,6 +22,7 @@ import (
 	"github.com/bettercompute/bettercompute/domain/workflow"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/config"
+	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
@@ -338,4 +339,34 @@ func pollUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestAModuleBringsItsOwnMetrics: an application's Module.Metrics collectors
+// are in serve's registry beside the built-in modules', and one that collides
+// with a name already there is INVALID_CONFIG naming the module.
+func TestAModuleBringsItsOwnMetrics(t *testing.T) {
+	t.Parallel()
+	orders := prometheus.NewGauge(prometheus.GaugeOpts{Name: "shop_orders_open", Help: "Orders not shipped yet."})
+	orders.Set(3)
+	app := mxApp(nil)
+	app.Modules = append(app.Modules, Module{Name: "shop",
+		Metrics: func(*pg.Pool, *workers.Registry) ([]prometheus.Collector, error) {
+			return []prometheus.Collector{orders}, nil
+		}})
+	s, db := mxSession(t, app)
+	reg, err := s.serveRegistry(db.Pool)
+	require.NoError(t, err)
+	got, err := gatherAll(reg)
+	require.NoError(t, err)
+	require.Equal(t, 3.0, got["shop_orders_open"].values[""])
+	require.Contains(t, got, "bettercompute_workflows_without_job", "the built-in modules' collectors too")
+
+	app.Modules = append(app.Modules, Module{Name: "again",
+		Metrics: func(*pg.Pool, *workers.Registry) ([]prometheus.Collector, error) {
+			return []prometheus.Collector{orders}, nil
+		}})
+	s, db = mxSession(t, app)
+	_, err = s.serveRegistry(db.Pool)
+	require.Equal(t, fault.InvalidConfig, fault.CodeOf(err))
+	require.ErrorContains(t, err, "module again")
 }

@@ -1,16 +1,20 @@
 package cli
 
 import (
+	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/backfill"
 	"github.com/bettercompute/bettercompute/workers/capacityworker"
 	"github.com/bettercompute/bettercompute/workers/outboxworker"
 	"github.com/bettercompute/bettercompute/workers/quorumworker"
 	"github.com/bettercompute/bettercompute/workers/workflowworker"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // builtinModules are Better Compute's own modules, registered before the
-// application's, in this order. Their migrations are in the built-in set
+// application's, in this order: each says what it registers in a worker
+// process and which collectors serve's /metrics reads (a new built-in module
+// is one entry here, its migrations one owner in migrations.Owners). Their migrations are in the built-in set
 // (migrations/, in migrations.Owners order), so they leave Migrations nil.
 func builtinModules() []Module {
 	return []Module{
@@ -22,12 +26,19 @@ func builtinModules() []Module {
 			// sinks (workers.AddSink) and dispatchers (outboxworker.AddDispatcher)
 			// from their own modules, and options (outboxworker.Register).
 			Register: func(r *workers.Registry) error { return outboxworker.Register(r, nil) },
+			Metrics: func(db *pg.Pool, r *workers.Registry) ([]prometheus.Collector, error) {
+				c, err := outboxworker.NewCollector(db, r)
+				return []prometheus.Collector{c}, err
+			},
 		},
 		{
 			Name: "backfill",
 			// Runs the backfills applications add (workers.AddBackfill) when an
 			// operator starts one.
 			Register: backfill.Register,
+			Metrics: func(db *pg.Pool, _ *workers.Registry) ([]prometheus.Collector, error) {
+				return []prometheus.Collector{backfill.NewCollector(db)}, nil
+			},
 		},
 		{
 			Name: "capacity",
@@ -49,6 +60,9 @@ func builtinModules() []Module {
 			// and the versioning check at start. Applications add their
 			// definitions from their own module (workers.AddWorkflow).
 			Register: func(r *workers.Registry) error { return workflowworker.Register(r, nil) },
+			Metrics: func(db *pg.Pool, _ *workers.Registry) ([]prometheus.Collector, error) {
+				return []prometheus.Collector{workflowworker.NewCollector(db), workflowworker.NewStepCollector(db)}, nil
+			},
 		},
 	}
 }

@@ -12,12 +12,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/riverqueue/river"
 
+	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/web"
 	"github.com/bettercompute/bettercompute/workers"
-	"github.com/bettercompute/bettercompute/workers/backfill"
-	"github.com/bettercompute/bettercompute/workers/outboxworker"
-	"github.com/bettercompute/bettercompute/workers/workflowworker"
 )
 
 // serveOpts are serve's options: its flags are the configuration's (--listen,
@@ -129,21 +127,31 @@ func (s *Session) StartServe(ctx context.Context, rt *workers.Runtime) (stop fun
 }
 
 // serveRegistry is serve's Prometheus registry: the collectors that read the
-// database at each scrape (jobs and queues, shards, the outbox, backfills,
-// workflows) and the Go runtime and process families.
+// database at each scrape (jobs and queues, shards, and each module's own:
+// Module.Metrics of the built-in modules, the outbox, backfills and
+// workflows, then the application's) and the Go runtime and process families.
 func (s *Session) serveRegistry(db *pg.Pool) (*prometheus.Registry, error) {
 	app, err := s.Registry()
 	if err != nil {
 		return nil, err
 	}
-	outboxMetrics, err := outboxworker.NewCollector(db, app)
-	if err != nil {
-		return nil, err
-	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(workers.NewQueueCollector(db), workers.NewWorkCollector(db), outboxMetrics,
-		backfill.NewCollector(db), workflowworker.NewCollector(db), workflowworker.NewStepCollector(db),
+	reg.MustRegister(workers.NewQueueCollector(db), workers.NewWorkCollector(db),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, m := range s.App.modules() {
+		if m.Metrics == nil {
+			continue
+		}
+		cs, err := m.Metrics(db, app)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range cs {
+			if err := reg.Register(c); err != nil {
+				return nil, fault.Wrap(fault.InvalidConfig, err, "module %s: a metrics collector", m.Name)
+			}
+		}
+	}
 	return reg, nil
 }
 

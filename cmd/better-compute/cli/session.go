@@ -177,7 +177,7 @@ func (s *Session) Registry() (*workers.Registry, error) { return s.App.Registry(
 // registers something invalid.
 func (a App) Registry() (*workers.Registry, error) {
 	reg := workers.NewRegistry()
-	for _, m := range append(builtinModules(), a.Modules...) {
+	for _, m := range a.modules() {
 		if m.Register == nil {
 			continue
 		}
@@ -190,6 +190,9 @@ func (a App) Registry() (*workers.Registry, error) {
 	}
 	return reg, nil
 }
+
+// modules are the built-in modules, then a's, in registration order.
+func (a App) modules() []Module { return append(builtinModules(), a.Modules...) }
 
 // TracerProvider is the process's tracer provider, built once from the OTEL_*
 // variables of the command line's environment (telemetry.FromEnv), printing to
