@@ -5,7 +5,7 @@ import (
 	"regexp"
 )
 
-// Backfill is the River job that runs one batch of a backfill (workers/backfill).
+// Backfill is the River job that runs one batch of a backfill (workers/backfillworker).
 // Its kind is BackfillKindPrefix + Name, one kind per backfill, so that River UI
 // lists each backfill's jobs under their own kind; every backfill job also carries
 // the tag "backfill". A backfill inserts its own jobs (start, resume, and each

@@ -321,7 +321,7 @@ func CountUnfinished(ctx context.Context, db pg.DBTX) ([]QueueCount, error) {
 	})
 }
 
-// --- Backfills (workers/backfill) ---
+// --- Backfills (workers/backfillworker) ---
 
 // BackfillProgressSQL reads the backfills with their batch job as River has it
 // now, one row per backfill with the columns of backfill.Progress; the caller

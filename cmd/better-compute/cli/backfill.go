@@ -13,14 +13,15 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/bettercompute/bettercompute/domain/backfill"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
-	"github.com/bettercompute/bettercompute/workers/backfill"
+	"github.com/bettercompute/bettercompute/workers/backfillworker"
 )
 
 // backfillOpts are the backfill command's flags: the operator verbs over the
-// backfills this binary registers (workers/backfill).
+// backfills this binary registers (workers/backfillworker).
 type backfillOpts struct {
 	watch    bool
 	every    time.Duration
@@ -90,7 +91,7 @@ func (o *backfillOpts) run(ctx context.Context, s *Session, args []string) error
 	verb := args[0]
 	var b workers.Backfill
 	if verb != "list" {
-		if b, err = backfill.Lookup(reg, args[1]); err != nil {
+		if b, err = backfillworker.Lookup(reg, args[1]); err != nil {
 			return err
 		}
 	}
@@ -101,7 +102,7 @@ func (o *backfillOpts) run(ctx context.Context, s *Session, args []string) error
 	out := s.Env.Stdout
 	switch verb {
 	case "list":
-		return backfillList(ctx, out, db, backfill.Registered(reg))
+		return backfillList(ctx, out, db, backfillworker.Registered(reg))
 	case "start":
 		return backfillStart(ctx, s, db, b)
 	case "pause", "resume", "cancel":
@@ -117,7 +118,7 @@ func (o *backfillOpts) run(ctx context.Context, s *Session, args []string) error
 
 // backfillStart starts b (a new epoch) and says how to watch it.
 func backfillStart(ctx context.Context, s *Session, db *pg.Pool, b workers.Backfill) error {
-	p, err := backfill.Start(ctx, db, b)
+	p, err := backfill.Start(ctx, db, b.Name, b.Estimate)
 	if err != nil {
 		return err
 	}

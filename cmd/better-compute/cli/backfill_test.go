@@ -17,12 +17,12 @@ import (
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
+	"github.com/bettercompute/bettercompute/domain/backfill"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/testdata/backfill/inventory"
 	"github.com/bettercompute/bettercompute/workers"
-	"github.com/bettercompute/bettercompute/workers/backfill"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 

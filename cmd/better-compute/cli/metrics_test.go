@@ -16,6 +16,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bettercompute/bettercompute/domain/backfill"
 	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/domain/outbox/outboxtest"
@@ -26,7 +27,6 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
-	"github.com/bettercompute/bettercompute/workers/backfill"
 	"github.com/bettercompute/bettercompute/workers/outboxworker"
 )
 
@@ -245,7 +245,7 @@ func TestServeMetricsReportTheDatabase(t *testing.T) {
 		WHERE id = (SELECT min(id) FROM mx_outbox WHERE k = 'bad')`)
 
 	// The backfill: started (its batch job waits, no worker runs), 20 of 50 done.
-	_, err = backfill.Start(ctx, db.Pool, mxFill())
+	_, err = backfill.Start(ctx, db.Pool, mxFill().Name, mxFill().Estimate)
 	require.NoError(t, err)
 	db.MustExec(t, `UPDATE compute_backfills SET rows_done = 20, rows_estimate = 50 WHERE name = 'mx_fill'`)
 

@@ -3,7 +3,7 @@ package cli
 import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
-	"github.com/bettercompute/bettercompute/workers/backfill"
+	"github.com/bettercompute/bettercompute/workers/backfillworker"
 	"github.com/bettercompute/bettercompute/workers/capacityworker"
 	"github.com/bettercompute/bettercompute/workers/outboxworker"
 	"github.com/bettercompute/bettercompute/workers/quorumworker"
@@ -35,9 +35,9 @@ func builtinModules() []Module {
 			Name: "backfill",
 			// Runs the backfills applications add (workers.AddBackfill) when an
 			// operator starts one.
-			Register: backfill.Register,
+			Register: backfillworker.Register,
 			Metrics: func(db *pg.Pool, _ *workers.Registry) ([]prometheus.Collector, error) {
-				return []prometheus.Collector{backfill.NewCollector(db)}, nil
+				return []prometheus.Collector{backfillworker.NewCollector(db)}, nil
 			},
 		},
 		{

@@ -19,12 +19,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/bettercompute/bettercompute/domain/backfill"
 	"github.com/bettercompute/bettercompute/domain/outbox/outboxtest"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
-	"github.com/bettercompute/bettercompute/workers/backfill"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
@@ -442,7 +442,7 @@ func TestOpsFilesNameExportedMetrics(t *testing.T) {
 		return err
 	}))
 	outboxtest.Append(t, db.Pool, "mx", "k", 1)
-	_, err = backfill.Start(ctx, db.Pool, mxFill())
+	_, err = backfill.Start(ctx, db.Pool, mxFill().Name, mxFill().Estimate)
 	require.NoError(t, err)
 
 	serveProm, err := s.serveRegistry(db.Pool)

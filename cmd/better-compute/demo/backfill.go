@@ -8,10 +8,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/domain/backfill"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
-	"github.com/bettercompute/bettercompute/workers/backfill"
 )
 
 // DemoBackfill is the name of dev's demo backfill: its jobs show in River UI
@@ -64,7 +64,7 @@ func runBackfillDemo(ctx context.Context, log zerolog.Logger, db *pg.Pool, every
 		p, err := backfill.Get(ctx, db, b.Name)
 		switch {
 		case fault.Has(err, fault.NotFound):
-			_, err = backfill.Start(ctx, db, b)
+			_, err = backfill.Start(ctx, db, b.Name, b.Estimate)
 		case err == nil && p.State == backfill.Done && p.FinishedAt != nil && p.Now.Sub(*p.FinishedAt) >= again:
 			err = pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, `UPDATE demo_backfill_people SET greeting = NULL
@@ -72,7 +72,7 @@ WHERE id IN (SELECT id FROM demo_backfill_people ORDER BY random() LIMIT 4000)`)
 				return err
 			})
 			if err == nil {
-				_, err = backfill.Start(ctx, db, b)
+				_, err = backfill.Start(ctx, db, b.Name, b.Estimate)
 			}
 		}
 		if err != nil && ctx.Err() == nil && !fault.Has(err, fault.Conflict) {

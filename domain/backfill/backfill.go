@@ -1,3 +1,10 @@
+// Package backfill is the state of backfills in the database: each one's row
+// in compute_backfills (its state, epoch, counters, live job and last error),
+// the operators' verbs on it (Start, Pause, Resume, Cancel) and what they read
+// (Get, List). A batch's own transaction, which moves the counters, is the
+// backfill module's worker's (workers/backfillworker); an application defines
+// and registers a backfill with workers.AddBackfill. The states and the
+// guarantees are in workers/backfillworker's package doc.
 package backfill
 
 import (
@@ -11,7 +18,6 @@ import (
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
-	"github.com/bettercompute/bettercompute/workers"
 )
 
 // State is a backfill's state (see the package doc).
@@ -157,11 +163,11 @@ func List(ctx context.Context, db pg.DBTX) ([]*Progress, error) {
 // migrator's is 1650683248).
 const advisoryKey = 0x62666c6c
 
-// advisoryLockSQL takes the advisory lock of the backfill named $1 for the
+// AdvisoryLockSQL takes the advisory lock of the backfill named $1 for the
 // transaction: shared (a batch) or exclusive (an operator's verb). PostgreSQL
 // queues a request behind a waiting one that it conflicts with, so a batch
 // started while a verb waits runs after the verb.
-func advisoryLockSQL(shared bool) string {
+func AdvisoryLockSQL(shared bool) string {
 	f := "pg_advisory_xact_lock"
 	if shared {
 		f += "_shared"
@@ -175,7 +181,7 @@ func advisoryLockSQL(shared bool) string {
 func lockRow(ctx context.Context, tx pgx.Tx, name string, create bool) (*Progress, error) {
 	// The advisory lock first: it waits for the batch in flight (which holds it
 	// shared), and the drain's next batch waits behind it.
-	if _, err := tx.Exec(ctx, advisoryLockSQL(false), name); err != nil {
+	if _, err := tx.Exec(ctx, AdvisoryLockSQL(false), name); err != nil {
 		return nil, pg.Translate(fmt.Errorf("error locking backfill %s: %w", name, err))
 	}
 	if create {
@@ -196,14 +202,18 @@ func lockRow(ctx context.Context, tx pgx.Tx, name string, create bool) (*Progres
 	return p, nil
 }
 
-// Start starts b: a new run from zero counters, its first batch enqueued. It
-// returns CONFLICT when b is running or paused (Resume a paused one), and
-// INVALID_CONFIG for an invalid b. A done or cancelled backfill starts again.
-func Start(ctx context.Context, db pg.DBTX, b workers.Backfill) (*Progress, error) {
-	if err := validate(b); err != nil {
+// Start starts the backfill name: a new run from zero counters, its first
+// batch enqueued. estimate, optional, gives the rows left for the progress
+// (the backfill's Estimate). It returns CONFLICT when it is running or paused
+// (Resume a paused one). A done or cancelled backfill starts again.
+func Start(ctx context.Context, db pg.DBTX, name string, estimate func(ctx context.Context, db pg.DBTX) (int64, error)) (*Progress, error) {
+	if err := checkName(name); err != nil {
 		return nil, err
 	}
-	b = withDefaults(b)
+	b := struct {
+		Name     string
+		Estimate func(ctx context.Context, db pg.DBTX) (int64, error)
+	}{name, estimate}
 	var out *Progress
 	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
 		p, err := lockRow(ctx, tx, b.Name, true)
@@ -225,7 +235,7 @@ func Start(ctx context.Context, db pg.DBTX, b workers.Backfill) (*Progress, erro
 			estimate = &left
 		}
 		epoch := p.Epoch + 1
-		jobID, err := insertJobTx(ctx, tx, jobs.Backfill{Name: b.Name, Epoch: epoch, Batch: 0}, 0)
+		jobID, err := InsertJobTx(ctx, tx, jobs.Backfill{Name: b.Name, Epoch: epoch, Batch: 0}, 0)
 		if err != nil {
 			return err
 		}
@@ -276,7 +286,7 @@ func Resume(ctx context.Context, db pg.DBTX, name string) (*Progress, error) {
 			return fault.New(fault.Conflict, "backfill %s is %s: start runs it again", name, p.State)
 		}
 		epoch := p.Epoch + 1
-		jobID, err := insertJobTx(ctx, tx, jobs.Backfill{Name: name, Epoch: epoch, Batch: p.Batches}, 0)
+		jobID, err := InsertJobTx(ctx, tx, jobs.Backfill{Name: name, Epoch: epoch, Batch: p.Batches}, 0)
 		if err != nil {
 			return err
 		}
@@ -371,9 +381,9 @@ func cancelWaitingJobTx(ctx context.Context, tx pgx.Tx, id int64, why string) er
 	return nil
 }
 
-// insertJobTx inserts the batch job args into the backfill's shard queue, to run
+// InsertJobTx inserts the batch job args into the backfill's shard queue, to run
 // after delay, and returns its id.
-func insertJobTx(ctx context.Context, tx pgx.Tx, args jobs.Backfill, delay time.Duration) (int64, error) {
+func InsertJobTx(ctx context.Context, tx pgx.Tx, args jobs.Backfill, delay time.Duration) (int64, error) {
 	queue, err := jobs.ShardQueueOfTx(ctx, tx, jobs.BackfillShardKey(args.Name))
 	if err != nil {
 		return 0, pg.Translate(fmt.Errorf("error reading the shard count: %w", err))

@@ -1,4 +1,4 @@
-package backfill
+package backfillworker
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/bettercompute/bettercompute/domain/backfill"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
@@ -194,7 +195,7 @@ type outcome struct {
 	rows  int           // the rows it handled
 	next  int           // the size the next batch asks for
 	carry bool          // this job still carries the backfill on: run the next batch
-	wait  time.Duration // after this long (Pause, MaxRowsPerSecond)
+	wait  time.Duration // after this long (backfill.Pause, MaxRowsPerSecond)
 }
 
 // batchTx is one batch inside a fenced transaction of the job. last says the
@@ -222,7 +223,7 @@ func (w *worker) batchTx(ctx context.Context, tx pgx.Tx, job *river.Job[jobs.Bac
 	// (a row lock makes no such promise once the row has a new version). Both
 	// statements go in one round trip.
 	var pb pgx.Batch
-	pb.Queue(advisoryLockSQL(true), args.Name)
+	pb.Queue(backfill.AdvisoryLockSQL(true), args.Name)
 	pb.Queue(`
 SELECT batches, estimated_at, batch_size, compute_now() FROM compute_backfills
 WHERE name = $1 AND state = 'running' AND epoch = $2 AND job_id = $3
@@ -286,7 +287,7 @@ FOR UPDATE`, args.Name, args.Epoch, job.ID)
 			nextJob = &id
 		} else {
 			next := jobs.Backfill{Name: args.Name, Epoch: args.Epoch, Batch: batch + 1}
-			id, err := insertJobTx(ctx, tx, next, delay)
+			id, err := backfill.InsertJobTx(ctx, tx, next, delay)
 			if err != nil {
 				return err
 			}

@@ -1,4 +1,4 @@
-package backfill
+package backfillworker
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bettercompute/bettercompute/domain/backfill"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
@@ -134,17 +135,17 @@ func registry(t testing.TB, bs ...Backfill) *workers.Registry {
 }
 
 // mustGet reads the backfill's progress.
-func mustGet(t testing.TB, db pg.DBTX, name string) *Progress {
+func mustGet(t testing.TB, db pg.DBTX, name string) *backfill.Progress {
 	t.Helper()
-	p, err := Get(context.Background(), db, name)
+	p, err := backfill.Get(context.Background(), db, name)
 	require.NoError(t, err)
 	return p
 }
 
 // waitState waits until the backfill is in state s.
-func waitState(t testing.TB, db pg.DBTX, name string, s State, timeout time.Duration) *Progress {
+func waitState(t testing.TB, db pg.DBTX, name string, s backfill.State, timeout time.Duration) *backfill.Progress {
 	t.Helper()
-	var p *Progress
+	var p *backfill.Progress
 	workertest.WaitFor(t, timeout, fmt.Sprintf("backfill %s %s", name, s), func() bool {
 		p = mustGet(t, db, name)
 		return p.State == s
@@ -164,10 +165,10 @@ func liveJobs(t testing.TB, db *pgtest.DB, name string) int {
 // filled, each row was handled by exactly one committed batch, rows_done is the
 // number of handled rows, and batches is the number of committed batches that
 // handled rows plus the final one that found none.
-func requireRecount(t testing.TB, db *pgtest.DB, name, table string, rows int) *Progress {
+func requireRecount(t testing.TB, db *pgtest.DB, name, table string, rows int) *backfill.Progress {
 	t.Helper()
 	p := mustGet(t, db, name)
-	require.Equal(t, Done, p.State)
+	require.Equal(t, backfill.Done, p.State)
 	require.Zero(t, db.MustCount(t, fmt.Sprintf(`SELECT count(*) FROM %s WHERE filled IS DISTINCT FROM v * 2`, table)), "every row filled")
 	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM (SELECT row_id FROM bf_handled WHERE tbl = $1
 		GROUP BY row_id HAVING count(*) > 1) d`, table), "a row handled by two committed batches")

@@ -1,4 +1,4 @@
-package backfill_test
+package backfillworker_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package backfill
+package backfillworker
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bettercompute/bettercompute/domain/backfill"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
@@ -37,9 +38,9 @@ func waitJob(t *testing.T, db *pgtest.DB, id int64, states ...string) string {
 }
 
 // waitErrors waits until the backfill's run has recorded n failed attempts.
-func waitErrors(t *testing.T, db *pgtest.DB, name string, n int64) *Progress {
+func waitErrors(t *testing.T, db *pgtest.DB, name string, n int64) *backfill.Progress {
 	t.Helper()
-	var p *Progress
+	var p *backfill.Progress
 	workertest.WaitFor(t, 60*time.Second, fmt.Sprintf("backfill %s: %d failed attempts recorded", name, n), func() bool {
 		p = mustGet(t, db, name)
 		return p.Errors >= n
@@ -51,12 +52,12 @@ func waitErrors(t *testing.T, db *pgtest.DB, name string, n int64) *Progress {
 
 // retryUntilDone makes the job's retries due at once (as River UI's retry
 // does) until the backfill is done.
-func retryUntilDone(t *testing.T, db *pgtest.DB, rt *workers.Runtime, name string, job int64) *Progress {
+func retryUntilDone(t *testing.T, db *pgtest.DB, rt *workers.Runtime, name string, job int64) *backfill.Progress {
 	t.Helper()
-	var p *Progress
+	var p *backfill.Progress
 	workertest.WaitFor(t, 60*time.Second, "backfill "+name+" done", func() bool {
 		p = mustGet(t, db, name)
-		if p.State == Done {
+		if p.State == backfill.Done {
 			return true
 		}
 		var state string
@@ -117,7 +118,7 @@ func TestLastErrorIsCutAndRedacted(t *testing.T) {
 		return nil
 	}, nil)
 	startWorker(t, db, registry(t, b), &workers.Options{Secrets: []string{secret}})
-	p, err := Start(ctx, db.Pool, b)
+	p, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
 	job := *p.JobID
 
@@ -133,7 +134,7 @@ func TestLastErrorIsCutAndRedacted(t *testing.T) {
 		require.NotContains(t, e, secret, "River's record of the error has the secret removed too")
 	}
 
-	waitState(t, db, b.Name, Done, 60*time.Second)
+	waitState(t, db, b.Name, backfill.Done, 60*time.Second)
 	requireRecount(t, db, b.Name, "cut_items", 100)
 }
 
@@ -154,13 +155,13 @@ func TestInvalidArgumentCancelsAndStalls(t *testing.T) {
 		return nil
 	})
 	startWorker(t, db, registry(t, b), nil)
-	p, err := Start(ctx, db.Pool, b)
+	p, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
 	job := *p.JobID
 	waitJob(t, db, job, "cancelled", "discarded", "completed")
 
 	p = mustGet(t, db, b.Name)
-	require.Equal(t, Running, p.State)
+	require.Equal(t, backfill.Running, p.State)
 	require.True(t, p.Stalled(), "a running backfill whose job was cancelled is stalled")
 	require.Equal(t, "cancelled", *p.JobState)
 	require.EqualValues(t, 1, *p.JobAttempt, "cancelled at its first attempt, not retried")
@@ -172,10 +173,10 @@ func TestInvalidArgumentCancelsAndStalls(t *testing.T) {
 	require.Zero(t, liveJobs(t, db, b.Name), "nothing will run it until resume")
 
 	broken.Store(false)
-	r, err := Resume(ctx, db.Pool, b.Name)
+	r, err := backfill.Resume(ctx, db.Pool, b.Name)
 	require.NoError(t, err)
 	require.False(t, r.Stalled())
-	waitState(t, db, b.Name, Done, 60*time.Second)
+	waitState(t, db, b.Name, backfill.Done, 60*time.Second)
 	requireRecount(t, db, b.Name, "invalid_items", 300)
 }
 
@@ -197,7 +198,7 @@ func TestStalledAfterTheLastAttempt(t *testing.T) {
 		return nil
 	}, nil)
 	rt := startWorker(t, db, registry(t, b), nil)
-	p, err := Start(ctx, db.Pool, b)
+	p, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
 	job := *p.JobID
 	for i := 0; ; i++ {
@@ -212,7 +213,7 @@ func TestStalledAfterTheLastAttempt(t *testing.T) {
 	}
 
 	p = mustGet(t, db, b.Name)
-	require.Equal(t, Running, p.State)
+	require.Equal(t, backfill.Running, p.State)
 	require.True(t, p.Stalled(), "stalled after the last attempt")
 	require.Equal(t, "discarded", *p.JobState)
 	require.EqualValues(t, 25, *p.JobMaxAttempts, "River's default attempts")
@@ -223,9 +224,9 @@ func TestStalledAfterTheLastAttempt(t *testing.T) {
 	require.Zero(t, liveJobs(t, db, b.Name))
 
 	broken.Store(false)
-	_, err = Resume(ctx, db.Pool, b.Name)
+	_, err = backfill.Resume(ctx, db.Pool, b.Name)
 	require.NoError(t, err)
-	waitState(t, db, b.Name, Done, 60*time.Second)
+	waitState(t, db, b.Name, backfill.Done, 60*time.Second)
 	requireRecount(t, db, b.Name, "exhaust_items", 200)
 }
 
@@ -260,7 +261,7 @@ func TestUnexpectedFailureIsInternalError(t *testing.T) {
 		return inner(ctx, tx, n)
 	}
 	rt := startWorker(t, db, registry(t, b), nil)
-	p, err := Start(ctx, db.Pool, b)
+	p, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
 	job := *p.JobID
 
@@ -346,7 +347,7 @@ func TestLeaseLostMidBatchIsFenced(t *testing.T) {
 	setOf(reg).drain = time.Minute // one job runs the batches, at most 30 s
 	rtA := startWorker(t, db, reg, &workers.Options{Identity: "fence-test", Heartbeat: time.Hour,
 		Metrics: workers.NewMetrics(promA)})
-	_, err := Start(ctx, db.Pool, b)
+	_, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
 	select {
 	case <-entered:
@@ -376,7 +377,7 @@ func TestLeaseLostMidBatchIsFenced(t *testing.T) {
 	})
 	require.Zero(t, jobsOutcome(t, promA, kindOf(b), "failed"), "a fenced batch is not a failure")
 
-	p := waitState(t, db, b.Name, Done, 60*time.Second)
+	p := waitState(t, db, b.Name, backfill.Done, 60*time.Second)
 	requireRecount(t, db, b.Name, "fence_items", rows)
 	require.Zero(t, p.Errors, "a fenced batch is no failed attempt")
 	require.Nil(t, p.LastError)
@@ -403,7 +404,7 @@ func TestTimeoutCancelsTheBatch(t *testing.T) {
 	})
 	b.Timeout = 5 * time.Second // room for the retries' batches on a loaded machine
 	startWorker(t, db, registry(t, b), nil)
-	p, err := Start(ctx, db.Pool, b)
+	p, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
 	job := *p.JobID
 
@@ -425,6 +426,6 @@ func TestTimeoutCancelsTheBatch(t *testing.T) {
 	})
 	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM timeout_items WHERE filled IS NOT NULL`), "the batch rolled back")
 
-	waitState(t, db, b.Name, Done, 2*time.Minute)
+	waitState(t, db, b.Name, backfill.Done, 2*time.Minute)
 	requireRecount(t, db, b.Name, "timeout_items", 300)
 }

@@ -1,4 +1,4 @@
-package backfill
+package backfillworker
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/bettercompute/bettercompute/domain/backfill"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 )
@@ -45,7 +46,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), workers.CollectTimeout)
 	defer cancel()
-	ps, err := List(ctx, c.db)
+	ps, err := backfill.List(ctx, c.db)
 	if err != nil {
 		err = fmt.Errorf("error reading the backfills: %w", err)
 		for _, d := range []*prometheus.Desc{c.done, c.total, c.stalled, c.err} {

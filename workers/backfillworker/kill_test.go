@@ -1,4 +1,4 @@
-package backfill
+package backfillworker
 
 import (
 	"bufio"
@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bettercompute/bettercompute/domain/backfill"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/workertest"
@@ -149,7 +150,7 @@ func TestKillMidBatch(t *testing.T) {
 	childOwner := strings.TrimPrefix(ready, "READY ")
 
 	b := killBackfill(nil)
-	_, err = Start(ctx, db.Pool, b)
+	_, err = startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
 	require.Equal(t, "HANGING", next())
 
@@ -169,7 +170,7 @@ func TestKillMidBatch(t *testing.T) {
 	_ = cmd.Wait()
 	killed = true
 
-	waitState(t, db, b.Name, Done, 60*time.Second)
+	waitState(t, db, b.Name, backfill.Done, 60*time.Second)
 	requireRecount(t, db, b.Name, "kill_items", killRows)
 	// The child's two committed batches stand; the killed one ran again elsewhere.
 	require.Equal(t, 2*killSize, db.MustCount(t, `SELECT count(*) FROM bf_handled WHERE tbl = 'kill_items' AND owner = $1`, childOwner))

@@ -1,4 +1,4 @@
-package backfill
+package backfillworker
 
 import (
 	"cmp"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/bettercompute/bettercompute/domain/backfill"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
@@ -44,7 +45,7 @@ func benchRows() int {
 // first, then during the backfill, then during the single UPDATE: it reports
 // the latencies of that write and the ratios against the idle table.
 //
-//	go test -run '^$' -bench BackfillMillion -benchtime 1x -timeout 60m ./workers/backfill/
+//	go test -run '^$' -bench BackfillMillion -benchtime 1x -timeout 60m ./workers/backfillworker/
 func BenchmarkBackfillMillion(b *testing.B) {
 	for _, max := range []int{DefaultBatchSize, MaxBatchSize} {
 		b.Run("max="+strconv.Itoa(max), func(b *testing.B) { benchMillion(b, max) })
@@ -108,7 +109,7 @@ WHERE id = ANY (ARRAY(SELECT id FROM %[1]s WHERE filled IS NULL ORDER BY id LIMI
 		// The backfill, with the writer beside it.
 		b.StartTimer()
 		start := time.Now()
-		if _, err := Start(ctx, db.Pool, bk); err != nil {
+		if _, err := startBackfill(ctx, db.Pool, bk); err != nil {
 			b.Fatal(err)
 		}
 		stop := make(chan struct{})
@@ -127,11 +128,11 @@ WHERE id = ANY (ARRAY(SELECT id FROM %[1]s WHERE filled IS NULL ORDER BY id LIMI
 			})
 		}()
 		for {
-			p, err := Get(ctx, db.Pool, bk.Name)
+			p, err := backfill.Get(ctx, db.Pool, bk.Name)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if p.State == Done {
+			if p.State == backfill.Done {
 				if p.RowsDone != int64(rows) {
 					b.Fatalf("backfill filled %d rows, want %d", p.RowsDone, rows)
 				}

@@ -1,4 +1,4 @@
-package backfill
+package backfillworker
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bettercompute/bettercompute/domain/backfill"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
@@ -87,9 +88,9 @@ func TestDrainTakesBatchesWhileFull(t *testing.T) {
 	startWorker(t, db, reg, &workers.Options{PollInterval: 2 * time.Second})
 
 	started := time.Now()
-	_, err := Start(ctx, db.Pool, b)
+	_, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
-	waitState(t, db, b.Name, Done, 60*time.Second)
+	waitState(t, db, b.Name, backfill.Done, 60*time.Second)
 	p := requireRecount(t, db, b.Name, "drain_items", rows)
 	require.EqualValues(t, rows/size+1, p.Batches)
 
@@ -123,9 +124,9 @@ func TestDrainHandsOnAtItsDeadline(t *testing.T) {
 	reg := registry(t, b)
 	setOf(reg).drain = 300 * time.Millisecond
 	startWorker(t, db, reg, nil)
-	_, err := Start(ctx, db.Pool, b)
+	_, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
-	waitState(t, db, b.Name, Done, 60*time.Second)
+	waitState(t, db, b.Name, backfill.Done, 60*time.Second)
 	requireRecount(t, db, b.Name, "handon_items", rows)
 
 	es := log.all()
@@ -184,9 +185,9 @@ RETURNING old.n - s.n`, n).Scan(&handled)
 		},
 	}
 	startWorker(t, db, registry(t, b), nil)
-	_, err := Start(ctx, db.Pool, b)
+	_, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
-	p := waitState(t, db, b.Name, Done, 60*time.Second)
+	p := waitState(t, db, b.Name, backfill.Done, 60*time.Second)
 	require.EqualValues(t, total, p.RowsDone)
 
 	mu.Lock()
@@ -234,9 +235,9 @@ func TestRateLimitHoldsWhileDraining(t *testing.T) {
 	startWorker(t, db, registry(t, b), nil)
 
 	started := time.Now()
-	_, err := Start(ctx, db.Pool, b)
+	_, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
-	waitState(t, db, b.Name, Done, 2*time.Minute)
+	waitState(t, db, b.Name, backfill.Done, 2*time.Minute)
 	took := time.Since(started)
 	requireRecount(t, db, b.Name, "rate_items", rows)
 
@@ -313,9 +314,9 @@ func TestEstimateIsRefreshedEveryEstimateEvery(t *testing.T) {
 		return n, err
 	}
 	startWorker(t, db, registry(t, b), nil)
-	_, err := Start(ctx, db.Pool, b)
+	_, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
-	p := waitState(t, db, b.Name, Done, 2*time.Minute)
+	p := waitState(t, db, b.Name, backfill.Done, 2*time.Minute)
 	requireRecount(t, db, b.Name, "estimate_items", rows)
 
 	times := func(q string) []time.Time {

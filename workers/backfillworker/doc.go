@@ -87,4 +87,4 @@
 // batch starts after they return; a job waiting in River is cancelled, and a
 // draining one finds the new epoch and completes. Resume bumps the epoch again
 // and enqueues the next batch.
-package backfill
+package backfillworker

@@ -1,4 +1,4 @@
-package backfill
+package backfillworker
 
 import (
 	"slices"
@@ -55,7 +55,7 @@ func validate(b workers.Backfill) error {
 	case b.BatchTime < 0:
 		return fault.New(fault.InvalidConfig, "backfill %s: BatchTime %s is negative", b.Name, b.BatchTime)
 	case b.Pause < 0:
-		return fault.New(fault.InvalidConfig, "backfill %s: Pause %s is negative", b.Name, b.Pause)
+		return fault.New(fault.InvalidConfig, "backfill %s: backfill.Pause %s is negative", b.Name, b.Pause)
 	case b.MaxRowsPerSecond < 0:
 		return fault.New(fault.InvalidConfig, "backfill %s: MaxRowsPerSecond %g is negative", b.Name, b.MaxRowsPerSecond)
 	case b.EstimateEvery < 0:

@@ -1,4 +1,4 @@
-package backfill
+package backfillworker
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/bettercompute/bettercompute/domain/backfill"
 	"github.com/bettercompute/bettercompute/platform/tracing"
 	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/workertest"
@@ -28,9 +29,9 @@ func TestEachBatchIsASpan(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	b := fillBackfill("traced_fill", "traced_items", nil, nil)
 	startWorker(t, db, registry(t, b), &workers.Options{TracerProvider: tp})
-	_, err := Start(ctx, db.Pool, b)
+	_, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
-	waitState(t, db, b.Name, Done, 60*time.Second)
+	waitState(t, db, b.Name, backfill.Done, 60*time.Second)
 	p := mustGet(t, db.Pool, b.Name)
 
 	// A batch's span ends once its transaction has committed.

@@ -1,4 +1,4 @@
-package backfill
+package backfillworker
 
 import (
 	"context"
@@ -9,7 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bettercompute/bettercompute/domain/backfill"
 	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/workers"
 )
 
 // TestNamesPostgreSQLRefusesAreRefusedFirst: a backfill name that is not valid
@@ -22,19 +24,19 @@ func TestNamesPostgreSQLRefusesAreRefusedFirst(t *testing.T) {
 	db := newDB(t)
 	for name, call := range map[string]func(ctx context.Context, tx pgx.Tx) error{
 		"get, NUL name": func(ctx context.Context, tx pgx.Tx) error {
-			_, err := Get(ctx, tx, "fill\x00")
+			_, err := backfill.Get(ctx, tx, "fill\x00")
 			return err
 		},
 		"resume, invalid UTF-8 name": func(ctx context.Context, tx pgx.Tx) error {
-			_, err := Resume(ctx, tx, "fill\xff")
+			_, err := backfill.Resume(ctx, tx, "fill\xff")
 			return err
 		},
 		"pause, NUL name": func(ctx context.Context, tx pgx.Tx) error {
-			_, err := Pause(ctx, tx, "fill\x00")
+			_, err := backfill.Pause(ctx, tx, "fill\x00")
 			return err
 		},
 		"cancel, NUL name": func(ctx context.Context, tx pgx.Tx) error {
-			_, err := Cancel(ctx, tx, "\x00")
+			_, err := backfill.Cancel(ctx, tx, "\x00")
 			return err
 		},
 	} {
@@ -44,10 +46,11 @@ func TestNamesPostgreSQLRefusesAreRefusedFirst(t *testing.T) {
 		})
 	}
 	b := fillBackfill("fill\x00", "no_table", nil, nil)
-	db.RequireRefusal(t, fault.InvalidConfig, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := Start(ctx, tx, b)
+	db.RequireRefusal(t, fault.InvalidArgument, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := startBackfill(ctx, tx, b) // backfill.Start of a name no registry would take
 		return err
 	})
+	require.Equal(t, fault.InvalidConfig, fault.CodeOf(Add(workers.NewRegistry(), b)), "the registry refuses it first")
 	require.Equal(t, 0, db.MustCount(t, `SELECT count(*) FROM compute_backfills`))
 }
 
@@ -66,9 +69,9 @@ func TestBatchErrorWithBadTextIsRecorded(t *testing.T) {
 		return nil
 	}, nil)
 	startWorker(t, db, registry(t, b), nil)
-	_, err := Start(ctx, db.Pool, b)
+	_, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
 	p := waitErrors(t, db, b.Name, 1)
 	require.Equal(t, "attempt 1: backfill badtext_fill batch 0: row seven \uFFFD", *p.LastError)
-	waitState(t, db, b.Name, Done, 60*time.Second)
+	waitState(t, db, b.Name, backfill.Done, 60*time.Second)
 }

@@ -1,4 +1,4 @@
-package backfill
+package backfillworker
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bettercompute/bettercompute/domain/backfill"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
@@ -62,7 +63,7 @@ func TestTwoRuntimesRaceOneBackfill(t *testing.T) {
 	rtHome := startWorker(t, db, registry(t, b), &workers.Options{Shards: homeShards})
 	startWorker(t, db, registry(t, b), &workers.Options{Shards: otherShards})
 
-	_, err := Start(ctx, db.Pool, b)
+	_, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
 
 	// Inject duplicates until the backfill is done.
@@ -78,8 +79,8 @@ func TestTwoRuntimesRaceOneBackfill(t *testing.T) {
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
-			p, err := Get(ctx, db.Pool, b.Name)
-			if err != nil || p.State != Running {
+			p, err := backfill.Get(ctx, db.Pool, b.Name)
+			if err != nil || p.State != backfill.Running {
 				continue
 			}
 			for _, batch := range []int64{p.Batches, p.Batches + 1} {
@@ -99,7 +100,7 @@ func TestTwoRuntimesRaceOneBackfill(t *testing.T) {
 	require.NoError(t, rtHome.Stop(ctx))
 	startWorker(t, db, registry(t, b), &workers.Options{Shards: homeShards})
 
-	waitState(t, db, b.Name, Done, 60*time.Second)
+	waitState(t, db, b.Name, backfill.Done, 60*time.Second)
 	close(stop)
 	wg.Wait()
 	// Every injected duplicate runs and completes; only the job the backfill's
@@ -201,13 +202,13 @@ func TestPauseAndResume(t *testing.T) {
 	b.BatchSize = size
 	startWorker(t, db, registry(t, b), nil)
 
-	_, err := Start(ctx, db.Pool, b)
+	_, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
 	g.step(t, 3) // three batches committed, the fourth in flight
 
-	paused := make(chan *Progress, 1)
+	paused := make(chan *backfill.Progress, 1)
 	go func() {
-		p, err := Pause(ctx, db.Pool, b.Name)
+		p, err := backfill.Pause(ctx, db.Pool, b.Name)
 		if err != nil {
 			t.Errorf("pause: %v", err)
 		}
@@ -217,7 +218,7 @@ func TestPauseAndResume(t *testing.T) {
 	g.release <- struct{}{}  // the fourth batch commits; then the pause goes through
 	p := <-paused
 	require.NotNil(t, p)
-	require.Equal(t, Paused, p.State)
+	require.Equal(t, backfill.Paused, p.State)
 	require.EqualValues(t, 4, p.Batches, "the batch in flight when pause was called committed")
 	require.EqualValues(t, 4*size, p.RowsDone)
 
@@ -230,26 +231,26 @@ func TestPauseAndResume(t *testing.T) {
 	default:
 	}
 	p = mustGet(t, db, b.Name)
-	require.Equal(t, Paused, p.State)
+	require.Equal(t, backfill.Paused, p.State)
 	require.EqualValues(t, 4*size, p.RowsDone)
 	require.Equal(t, 4*size, db.MustCount(t, `SELECT count(*) FROM pause_items WHERE filled IS NOT NULL`))
 
 	// Pausing again is a no-op; starting a paused one is refused.
-	again, err := Pause(ctx, db.Pool, b.Name)
+	again, err := backfill.Pause(ctx, db.Pool, b.Name)
 	require.NoError(t, err)
 	require.Equal(t, p.Epoch, again.Epoch)
-	_, err = Start(ctx, db.Pool, b)
+	_, err = startBackfill(ctx, db.Pool, b)
 	require.True(t, fault.Has(err, fault.Conflict), "start of a paused backfill: %v", err)
 
 	g.free.Store(true)
-	r, err := Resume(ctx, db.Pool, b.Name)
+	r, err := backfill.Resume(ctx, db.Pool, b.Name)
 	require.NoError(t, err)
-	require.Equal(t, Running, r.State)
+	require.Equal(t, backfill.Running, r.State)
 	require.Greater(t, r.Epoch, p.Epoch)
-	waitState(t, db, b.Name, Done, 30*time.Second)
+	waitState(t, db, b.Name, backfill.Done, 30*time.Second)
 	requireRecount(t, db, b.Name, "pause_items", rows)
 
-	_, err = Resume(ctx, db.Pool, b.Name)
+	_, err = backfill.Resume(ctx, db.Pool, b.Name)
 	require.True(t, fault.Has(err, fault.Conflict), "resume of a done backfill: %v", err)
 }
 
@@ -266,17 +267,17 @@ func TestCancelAndStartAgain(t *testing.T) {
 	b.BatchSize = size
 	startWorker(t, db, registry(t, b), nil)
 
-	first, err := Start(ctx, db.Pool, b)
+	first, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
 	require.NotNil(t, first.RowsEstimate)
 	require.EqualValues(t, rows, *first.RowsEstimate, "start records the estimate")
-	_, err = Start(ctx, db.Pool, b)
+	_, err = startBackfill(ctx, db.Pool, b)
 	require.True(t, fault.Has(err, fault.Conflict), "start of a running backfill: %v", err)
 
 	g.step(t, 2)
-	cancelled := make(chan *Progress, 1)
+	cancelled := make(chan *backfill.Progress, 1)
 	go func() {
-		p, err := Cancel(ctx, db.Pool, b.Name)
+		p, err := backfill.Cancel(ctx, db.Pool, b.Name)
 		if err != nil {
 			t.Errorf("cancel: %v", err)
 		}
@@ -286,25 +287,25 @@ func TestCancelAndStartAgain(t *testing.T) {
 	g.release <- struct{}{}
 	p := <-cancelled
 	require.NotNil(t, p)
-	require.Equal(t, Cancelled, p.State)
+	require.Equal(t, backfill.Cancelled, p.State)
 	require.EqualValues(t, 3, p.Batches)
 	require.NotNil(t, p.FinishedAt)
 	workertest.WaitFor(t, 30*time.Second, "no live job after cancel", func() bool { return liveJobs(t, db, b.Name) == 0 })
 	require.Equal(t, 3*size, db.MustCount(t, `SELECT count(*) FROM cancel_items WHERE filled IS NOT NULL`))
 	require.EqualValues(t, 3*size, mustGet(t, db, b.Name).RowsDone)
 
-	_, err = Pause(ctx, db.Pool, b.Name)
+	_, err = backfill.Pause(ctx, db.Pool, b.Name)
 	require.True(t, fault.Has(err, fault.Conflict), "pause of a cancelled backfill: %v", err)
-	_, err = Resume(ctx, db.Pool, b.Name)
+	_, err = backfill.Resume(ctx, db.Pool, b.Name)
 	require.True(t, fault.Has(err, fault.Conflict), "resume of a cancelled backfill: %v", err)
 
 	g.free.Store(true)
-	again, err := Start(ctx, db.Pool, b)
+	again, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
 	require.Zero(t, again.RowsDone)
 	require.Zero(t, again.Batches)
 	require.EqualValues(t, rows-3*size, *again.RowsEstimate)
-	done := waitState(t, db, b.Name, Done, 30*time.Second)
+	done := waitState(t, db, b.Name, backfill.Done, 30*time.Second)
 	require.EqualValues(t, rows-3*size, done.RowsDone, "the second run counts its own rows")
 	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM cancel_items WHERE filled IS DISTINCT FROM v * 2`))
 	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM (SELECT row_id FROM bf_handled WHERE tbl = 'cancel_items'
@@ -332,10 +333,10 @@ func TestFailingBatchIsRetriedWithItsLastError(t *testing.T) {
 		return nil
 	})
 	startWorker(t, db, registry(t, b), nil)
-	_, err := Start(ctx, db.Pool, b)
+	_, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
 
-	var p *Progress
+	var p *backfill.Progress
 	workertest.WaitFor(t, 30*time.Second, "the last error recorded", func() bool {
 		p = mustGet(t, db, b.Name)
 		return p.LastError != nil
@@ -345,7 +346,7 @@ func TestFailingBatchIsRetriedWithItsLastError(t *testing.T) {
 	require.EqualValues(t, 1, p.Errors)
 	require.NotNil(t, p.LastErrorAt)
 
-	p = waitState(t, db, b.Name, Done, 30*time.Second)
+	p = waitState(t, db, b.Name, backfill.Done, 30*time.Second)
 	requireRecount(t, db, b.Name, "fail_items", rows)
 	require.Contains(t, *p.LastError, "boom", "the last error stays for the record")
 	// The job that ran the failed batch (the one the drain was in, whatever
@@ -370,10 +371,10 @@ func TestResumeStalledBackfill(t *testing.T) {
 	b := fillBackfill("stall_fill", "stall_items", nil, nil)
 	b.Pause = time.Hour // the second batch waits, 'scheduled'
 	rt := startWorker(t, db, registry(t, b), nil)
-	_, err := Start(ctx, db.Pool, b)
+	_, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
 
-	var p *Progress
+	var p *backfill.Progress
 	workertest.WaitFor(t, 30*time.Second, "first batch", func() bool {
 		p = mustGet(t, db, b.Name)
 		return p.Batches == 1
@@ -381,7 +382,7 @@ func TestResumeStalledBackfill(t *testing.T) {
 	require.Equal(t, "scheduled", *p.JobState, "a pause longer than River's scheduler interval schedules the job")
 	require.True(t, p.JobScheduledAt.After(time.Now().Add(50*time.Minute)))
 	require.False(t, p.Stalled())
-	_, err = Resume(ctx, db.Pool, b.Name)
+	_, err = backfill.Resume(ctx, db.Pool, b.Name)
 	require.True(t, fault.Has(err, fault.Conflict), "resume of a running backfill with a live job: %v", err)
 
 	_, err = rt.Client().JobCancel(ctx, *p.JobID) // as River UI's cancel does
@@ -390,9 +391,9 @@ func TestResumeStalledBackfill(t *testing.T) {
 	require.Equal(t, "cancelled", *p.JobState)
 	require.True(t, p.Stalled())
 
-	r, err := Resume(ctx, db.Pool, b.Name)
+	r, err := backfill.Resume(ctx, db.Pool, b.Name)
 	require.NoError(t, err)
-	require.Equal(t, Running, r.State)
+	require.Equal(t, backfill.Running, r.State)
 	require.True(t, r.JobLive())
 	require.Greater(t, r.Epoch, p.Epoch)
 	require.EqualValues(t, 1, r.Batches)
@@ -410,17 +411,17 @@ func TestPauseCancelsTheWaitingJob(t *testing.T) {
 	b := fillBackfill("wait_fill", "wait_items", nil, nil)
 	b.Pause = time.Hour
 	startWorker(t, db, registry(t, b), nil)
-	_, err := Start(ctx, db.Pool, b)
+	_, err := startBackfill(ctx, db.Pool, b)
 	require.NoError(t, err)
-	var p *Progress
+	var p *backfill.Progress
 	workertest.WaitFor(t, 30*time.Second, "first batch", func() bool {
 		p = mustGet(t, db, b.Name)
 		return p.Batches == 1
 	})
 	job := *p.JobID
-	p, err = Pause(ctx, db.Pool, b.Name)
+	p, err = backfill.Pause(ctx, db.Pool, b.Name)
 	require.NoError(t, err)
-	require.Equal(t, Paused, p.State)
+	require.Equal(t, backfill.Paused, p.State)
 	require.Equal(t, "cancelled", *p.JobState)
 	var why string
 	require.NoError(t, db.QueryRow(ctx, `SELECT errors[array_length(errors, 1)]->>'error' FROM river_job WHERE id = $1`, job).Scan(&why))
@@ -513,16 +514,16 @@ func TestNeverStarted(t *testing.T) {
 	db := newDB(t)
 	b := Backfill{Name: "never", Batch: func(context.Context, pgx.Tx, int) (int, error) { return 0, nil }}
 	for _, f := range []func() error{
-		func() error { _, err := Get(ctx, db.Pool, b.Name); return err },
-		func() error { _, err := Pause(ctx, db.Pool, b.Name); return err },
-		func() error { _, err := Cancel(ctx, db.Pool, b.Name); return err },
-		func() error { _, err := Resume(ctx, db.Pool, b.Name); return err },
+		func() error { _, err := backfill.Get(ctx, db.Pool, b.Name); return err },
+		func() error { _, err := backfill.Pause(ctx, db.Pool, b.Name); return err },
+		func() error { _, err := backfill.Cancel(ctx, db.Pool, b.Name); return err },
+		func() error { _, err := backfill.Resume(ctx, db.Pool, b.Name); return err },
 	} {
 		err := f()
 		require.True(t, fault.Has(err, fault.NotFound), "%v", err)
 		require.True(t, strings.Contains(err.Error(), "never started"), "%v", err)
 	}
-	list, err := List(ctx, db.Pool)
+	list, err := backfill.List(ctx, db.Pool)
 	require.NoError(t, err)
 	require.Empty(t, list)
 }
