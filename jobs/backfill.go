@@ -5,7 +5,7 @@ import (
 	"regexp"
 )
 
-// Backfill is the River job that runs one batch of a backfill (workers/backfillworker).
+// BackfillBatch is the River job that runs one batch of a backfill (workers/backfillworker).
 // Its kind is BackfillKindPrefix + Name, one kind per backfill, so that River UI
 // lists each backfill's jobs under their own kind; every backfill job also carries
 // the tag "backfill". A backfill inserts its own jobs (start, resume, and each
@@ -14,7 +14,7 @@ import (
 // Epoch and Batch guard the backfill's progress row: a job runs only while the
 // backfill is running with this epoch and has committed exactly Batch batches,
 // so a stale or duplicate job finds its batch taken and completes doing nothing.
-type Backfill struct {
+type BackfillBatch struct {
 	Name  string `json:"name"`
 	Epoch int64  `json:"epoch"`
 	Batch int64  `json:"batch"`
@@ -27,12 +27,12 @@ const BackfillKindPrefix = "backfill_"
 const backfillTag = "backfill"
 
 // Kind implements river.JobArgs: backfill_<name>.
-func (b Backfill) Kind() string { return BackfillKindPrefix + b.Name }
+func (b BackfillBatch) Kind() string { return BackfillKindPrefix + b.Name }
 
 // UnmarshalJSON rejects args without a valid name, epoch or batch, so a
 // malformed job fails at decode (and is cancelled) instead of running anything.
-func (b *Backfill) UnmarshalJSON(data []byte) error {
-	type plain Backfill
+func (b *BackfillBatch) UnmarshalJSON(data []byte) error {
+	type plain BackfillBatch
 	var p plain
 	if err := json.Unmarshal(data, &p); err != nil {
 		return err
@@ -43,7 +43,7 @@ func (b *Backfill) UnmarshalJSON(data []byte) error {
 	if p.Epoch < 1 || p.Batch < 0 {
 		return invalid("backfill %s job args: epoch %d, batch %d out of range", p.Name, p.Epoch, p.Batch)
 	}
-	*b = Backfill(p)
+	*b = BackfillBatch(p)
 	return nil
 }
 

@@ -377,7 +377,7 @@ RETURNING id`, river.PriorityDefault)
 // 'scheduled' (River makes it available when due); a nearer one is 'available'
 // with its scheduled_at in the future, as River's own retries are, so the fetch
 // picks it up on time. If tx rolls back, so does the job.
-func InsertBackfillTx(ctx context.Context, tx pgx.Tx, args Backfill, queue string, delay time.Duration) (int64, error) {
+func InsertBackfillTx(ctx context.Context, tx pgx.Tx, args BackfillBatch, queue string, delay time.Duration) (int64, error) {
 	enc, err := json.Marshal(args)
 	if err != nil {
 		return 0, err

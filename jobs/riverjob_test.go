@@ -247,10 +247,10 @@ func TestRiverDefaults(t *testing.T) {
 	var soon, late int64
 	inTx(t, func(tx pgx.Tx) error {
 		var err error
-		if soon, err = InsertBackfillTx(ctx, tx, Backfill{Name: "fill", Epoch: 1}, ShardQueue(3), 0); err != nil {
+		if soon, err = InsertBackfillTx(ctx, tx, BackfillBatch{Name: "fill", Epoch: 1}, ShardQueue(3), 0); err != nil {
 			return err
 		}
-		late, err = InsertBackfillTx(ctx, tx, Backfill{Name: "fill", Epoch: 1, Batch: 1}, ShardQueue(3), ScheduledAfter+time.Second)
+		late, err = InsertBackfillTx(ctx, tx, BackfillBatch{Name: "fill", Epoch: 1, Batch: 1}, ShardQueue(3), ScheduledAfter+time.Second)
 		return err
 	})
 	for id, state := range map[int64]string{soon: "available", late: "scheduled"} {

@@ -235,7 +235,7 @@ func Start(ctx context.Context, db pg.DBTX, name string, estimate func(ctx conte
 			estimate = &left
 		}
 		epoch := p.Epoch + 1
-		jobID, err := InsertJobTx(ctx, tx, jobs.Backfill{Name: b.Name, Epoch: epoch, Batch: 0}, 0)
+		jobID, err := InsertJobTx(ctx, tx, jobs.BackfillBatch{Name: b.Name, Epoch: epoch, Batch: 0}, 0)
 		if err != nil {
 			return err
 		}
@@ -286,7 +286,7 @@ func Resume(ctx context.Context, db pg.DBTX, name string) (*Progress, error) {
 			return fault.New(fault.Conflict, "backfill %s is %s: start runs it again", name, p.State)
 		}
 		epoch := p.Epoch + 1
-		jobID, err := InsertJobTx(ctx, tx, jobs.Backfill{Name: name, Epoch: epoch, Batch: p.Batches}, 0)
+		jobID, err := InsertJobTx(ctx, tx, jobs.BackfillBatch{Name: name, Epoch: epoch, Batch: p.Batches}, 0)
 		if err != nil {
 			return err
 		}
@@ -383,7 +383,7 @@ func cancelWaitingJobTx(ctx context.Context, tx pgx.Tx, id int64, why string) er
 
 // InsertJobTx inserts the batch job args into the backfill's shard queue, to run
 // after delay, and returns its id.
-func InsertJobTx(ctx context.Context, tx pgx.Tx, args jobs.Backfill, delay time.Duration) (int64, error) {
+func InsertJobTx(ctx context.Context, tx pgx.Tx, args jobs.BackfillBatch, delay time.Duration) (int64, error) {
 	queue, err := jobs.ShardQueueOfTx(ctx, tx, jobs.BackfillShardKey(args.Name))
 	if err != nil {
 		return 0, pg.Translate(fmt.Errorf("error reading the shard count: %w", err))

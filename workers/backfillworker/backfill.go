@@ -121,7 +121,7 @@ func nextBatchSize(cur int, took, target time.Duration, hi int) int {
 }
 
 // kindOf is the River job kind of b's batches: backfill_<name>.
-func kindOf(b workers.Backfill) string { return jobs.Backfill{Name: b.Name}.Kind() }
+func kindOf(b workers.Backfill) string { return jobs.BackfillBatch{Name: b.Name}.Kind() }
 
 // set is the backfills of one registry (its workers.Part).
 type set struct {
@@ -163,7 +163,7 @@ func (s *set) add(r *workers.Registry, b workers.Backfill) error {
 		return fault.New(fault.InvalidConfig, "backfill %s is registered twice", b.Name)
 	}
 	b = withDefaults(b)
-	if err := workers.AddWorkerArgs(r, jobs.Backfill{Name: b.Name}, &worker{b: b, set: s}); err != nil {
+	if err := workers.AddWorkerArgs(r, jobs.BackfillBatch{Name: b.Name}, &worker{b: b, set: s}); err != nil {
 		return err
 	}
 	s.byName[b.Name] = b

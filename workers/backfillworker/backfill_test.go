@@ -26,7 +26,7 @@ import (
 // insertDuplicate inserts a copy of a batch job (epoch, batch) of name into
 // queue, as a stale or duplicate runner would have it.
 func insertDuplicate(ctx context.Context, db *pgtest.DB, name string, epoch, batch int64, queue string) error {
-	args, _ := json.Marshal(jobs.Backfill{Name: name, Epoch: epoch, Batch: batch})
+	args, _ := json.Marshal(jobs.BackfillBatch{Name: name, Epoch: epoch, Batch: batch})
 	_, err := db.Exec(ctx, `INSERT INTO river_job (args, kind, max_attempts, priority, queue, state, tags, metadata)
 		VALUES ($1::jsonb, $2, 25, 1, $3, 'available', '{backfill}', '{}')`, string(args), "backfill_"+name, queue)
 	return err
@@ -438,7 +438,7 @@ func TestMismatchedJobIsCancelled(t *testing.T) {
 	makeTable(t, db, "odd_items", 10)
 	b := fillBackfill("odd_fill", "odd_items", nil, nil)
 	startWorker(t, db, registry(t, b), nil)
-	args, _ := json.Marshal(jobs.Backfill{Name: "other", Epoch: 1, Batch: 0})
+	args, _ := json.Marshal(jobs.BackfillBatch{Name: "other", Epoch: 1, Batch: 0})
 	var id int64
 	q := jobs.ShardQueue(jobs.ShardOf(jobs.BackfillShardKey(b.Name), testShards))
 	require.NoError(t, db.QueryRow(ctx, `INSERT INTO river_job (args, kind, max_attempts, priority, queue, state, tags, metadata)
@@ -500,7 +500,7 @@ func TestDelay(t *testing.T) {
 
 func TestJobArgsDecode(t *testing.T) {
 	t.Parallel()
-	var a jobs.Backfill
+	var a jobs.BackfillBatch
 	require.NoError(t, json.Unmarshal([]byte(`{"name":"x_y","epoch":2,"batch":5}`), &a))
 	require.Equal(t, "backfill_x_y", a.Kind())
 	for _, bad := range []string{`{"name":"","epoch":1}`, `{"name":"X","epoch":1}`, `{"name":"x","epoch":0}`, `{"name":"x","epoch":1,"batch":-1}`} {

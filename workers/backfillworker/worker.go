@@ -23,20 +23,20 @@ import (
 
 // worker runs the batches of one backfill (its kind is backfill_<name>).
 type worker struct {
-	river.WorkerDefaults[jobs.Backfill]
+	river.WorkerDefaults[jobs.BackfillBatch]
 	b   workers.Backfill
 	set *set
 }
 
 // Timeout is the backfill's Timeout (0: the runtime's job timeout).
-func (w *worker) Timeout(*river.Job[jobs.Backfill]) time.Duration { return w.b.Timeout }
+func (w *worker) Timeout(*river.Job[jobs.BackfillBatch]) time.Duration { return w.b.Timeout }
 
 // maxErrorLen is how many characters of a batch error last_error keeps.
 const maxErrorLen = 1000
 
 // Work runs the backfill's batches, each in its own fenced transaction, for as
 // long as they come back full and the drain lasts: see the package doc.
-func (w *worker) Work(ctx context.Context, job *river.Job[jobs.Backfill]) error {
+func (w *worker) Work(ctx context.Context, job *river.Job[jobs.BackfillBatch]) error {
 	args := job.Args
 	if args.Name != w.b.Name {
 		return fault.New(fault.InvalidArgument, "job %d of kind %s names backfill %q", job.ID, job.Kind, args.Name)
@@ -172,7 +172,7 @@ func (w *worker) drainFor(ctx context.Context) time.Duration {
 // inFencedTx runs fn in a transaction fenced as workers.InTx fences it (the
 // shard lease FOR KEY SHARE, the job's attempt FOR UPDATE), leaving it to fn
 // to complete the job or not: a batch of the drain that may not be its last.
-func (w *worker) inFencedTx(ctx context.Context, job *river.Job[jobs.Backfill], fn func(ctx context.Context, tx pgx.Tx) error) error {
+func (w *worker) inFencedTx(ctx context.Context, job *river.Job[jobs.BackfillBatch], fn func(ctx context.Context, tx pgx.Tx) error) error {
 	rt := workers.RuntimeFrom(ctx)
 	if rt == nil {
 		return fault.New(fault.Internal, "backfill %s: no Runtime in the job's context", w.b.Name)
@@ -203,7 +203,7 @@ type outcome struct {
 // the backfill on, to a new job or to done. Otherwise, while the batch comes
 // back full and the next one can start before deadline, the job keeps the
 // backfill (the row names it) and out.carry asks for the next batch.
-func (w *worker) batchTx(ctx context.Context, tx pgx.Tx, job *river.Job[jobs.Backfill], last bool, deadline time.Time, out *outcome) error {
+func (w *worker) batchTx(ctx context.Context, tx pgx.Tx, job *river.Job[jobs.BackfillBatch], last bool, deadline time.Time, out *outcome) error {
 	args := job.Args
 	// Decide before writing: lock the row only if it is running this job's
 	// epoch and names this job as the one that carries it on. The guard is in
@@ -286,7 +286,7 @@ FOR UPDATE`, args.Name, args.Epoch, job.ID)
 			id := job.ID
 			nextJob = &id
 		} else {
-			next := jobs.Backfill{Name: args.Name, Epoch: args.Epoch, Batch: batch + 1}
+			next := jobs.BackfillBatch{Name: args.Name, Epoch: args.Epoch, Batch: batch + 1}
 			id, err := backfill.InsertJobTx(ctx, tx, next, delay)
 			if err != nil {
 				return err
@@ -349,7 +349,7 @@ func (w *worker) callBatch(ctx context.Context, tx pgx.Tx, size int) (n int, err
 
 // recordError stores a failed attempt's error as the backfill's last_error, in
 // a short transaction of its own (the batch's rolled back), for the same run only.
-func (w *worker) recordError(ctx context.Context, job *river.Job[jobs.Backfill], jobErr error) {
+func (w *worker) recordError(ctx context.Context, job *river.Job[jobs.BackfillBatch], jobErr error) {
 	rt := workers.RuntimeFrom(ctx)
 	if rt == nil {
 		return

@@ -279,7 +279,7 @@ func TestServeMetricsReportTheDatabase(t *testing.T) {
 	require.Equal(t, 0.0, got["bettercompute_workflows_without_job"].values[""])
 
 	// Their jobs gone, the backfill has stalled and the workflow has no job.
-	db.MustExec(t, `DELETE FROM river_job WHERE kind IN ($1, $2)`, jobs.Backfill{Name: "mx_fill"}.Kind(), jobs.WorkflowStepKind)
+	db.MustExec(t, `DELETE FROM river_job WHERE kind IN ($1, $2)`, jobs.BackfillBatch{Name: "mx_fill"}.Kind(), jobs.WorkflowStepKind)
 	got = gather()
 	require.Equal(t, 1.0, got["bettercompute_backfill_stalled"].values["mx_fill"])
 	require.Equal(t, 1.0, got["bettercompute_workflows_without_job"].values[""])
