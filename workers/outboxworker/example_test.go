@@ -2,6 +2,7 @@ package outboxworker_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,25 +22,31 @@ import (
 	"github.com/bettercompute/bettercompute/workers/outboxworker"
 )
 
-// A sink receives every event of its topics, in order, at least once: the
-// receiver drops a repeat by the event's ID.
-func ExampleAddSink() {
+// The outbox module runs the sinks an application adds with workers.AddSink.
+// cli.App registers it with the defaults; an application that sets options
+// calls Register again from its module's Register. A sink receives every event
+// of its topics, in order, at least once: the receiver drops a repeat by the
+// event's ID.
+func ExampleRegister() {
 	delivered := make(chan struct{})
 	var once sync.Once
 
 	reg := workers.NewRegistry() // in an application: a cli.Module's Register
-	err := outboxworker.AddSink(reg, outboxworker.Sink{
-		Name:   "billing",
-		Topics: []string{"usage.recorded"},
-		Handle: func(ctx context.Context, events []outboxworker.Event) error {
-			for _, e := range events {
-				// e.ID (TXID:SEQ) is the idempotency key.
-				fmt.Println(e.Topic, e.Key, string(e.Payload))
-			}
-			once.Do(func() { close(delivered) })
-			return nil
-		},
-	})
+	err := errors.Join(
+		outboxworker.Register(reg, &outboxworker.Options{PollEvery: 20 * time.Millisecond}),
+		workers.AddSink(reg, workers.Sink{
+			Name:   "billing",
+			Topics: []string{"usage.recorded"},
+			Handle: func(ctx context.Context, events []outbox.Event) error {
+				for _, e := range events {
+					// e.ID (TXID:SEQ) is the idempotency key.
+					fmt.Println(e.Topic, e.Key, string(e.Payload))
+				}
+				once.Do(func() { close(delivered) })
+				return nil
+			},
+		}),
+	)
 	if err != nil {
 		panic(err)
 	}

@@ -371,12 +371,12 @@ func tripWorkflow() *workflow.Workflow[tripIn, tripIn, string] {
 	}
 }
 
-// TestStartRefusesAnInputInitRefuses: the typed StartTx and
-// workflowworker.StartTx run the kind's Init (and decode the input into its
-// In) before any statement: a refused input is INVALID_ARGUMENT, nothing is
-// stored, and the caller's transaction goes on and commits its own work. The
-// untyped workflow.StartTx, which knows no definitions, still accepts it, and
-// the workflow fails at its first step.
+// TestStartRefusesAnInputInitRefuses: StartTx and StartJSONTx run the kind's
+// Init (and decode the input into its In) before any statement: a refused
+// input is INVALID_ARGUMENT, nothing is stored, and the caller's transaction
+// goes on and commits its own work. A start by a binary whose definition of
+// the kind has no Init (another version, say) stores such an input, and the
+// workflow fails at its first step.
 func TestStartRefusesAnInputInitRefuses(t *testing.T) {
 	t.Parallel()
 	trip := tripWorkflow()
@@ -420,7 +420,8 @@ func TestStartRefusesAnInputInitRefuses(t *testing.T) {
 	i := wait(t, e.db.Pool, "t5")
 	require.JSONEq(t, `"ada"`, string(i.Result))
 
-	// The untyped StartTx knows no Init: the workflow fails at its first step.
+	// A definition of the kind without Init stores the input: the workflow fails
+	// at its first step.
 	startWF(t, e.db.Pool, "trip", tripIn{Nights: 2}, "t6")
 	i = waitStatus(t, e.db.Pool, "t6", workflow.Failed)
 	require.Contains(t, i.Error, "a trip needs a traveler")
