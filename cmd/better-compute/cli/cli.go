@@ -35,6 +35,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/config"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/platform/web"
 	"github.com/bettercompute/bettercompute/workers"
 )
 
@@ -66,6 +67,11 @@ type Module struct {
 	// read the database at each scrape of serve's /metrics (db is serve's
 	// pool, r the registry Register filled). Nil for none.
 	Metrics func(db *pg.Pool, r *workers.Registry) ([]prometheus.Collector, error)
+	// Routes, optional, returns the module's HTTP endpoints, which serve (and
+	// dev) mount beside River UI, behind the same listener, credentials and
+	// read-only mode (a route not marked ReadOnly is refused there). s is the
+	// serving command's session (its registry, logger and configuration).
+	Routes func(s *Session, db *pg.Pool) []web.Route
 	// Dev, optional, plays the application while dev runs: started once the
 	// worker runs, it changes rows and marks them dirty until ctx is done (the
 	// demo application's modules do). Only dev runs it. TracerProvider(ctx) is

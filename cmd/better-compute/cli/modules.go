@@ -12,10 +12,12 @@ import (
 )
 
 // builtinModules are Better Compute's own modules, registered before the
-// application's, in this order: each says what it registers in a worker
-// process and which collectors serve's /metrics reads (a new built-in module
-// is one entry here, its migrations one owner in migrations.Owners). Their migrations are in the built-in set
-// (migrations/, in migrations.Owners order), so they leave Migrations nil.
+// application's, in this order. Each says what it registers in a worker
+// process, which collectors serve's /metrics reads and which endpoints serve
+// mounts, as an application's module does: a new built-in module is one entry
+// here, plus its migrations' owner in migrations.Owners. Their migrations are
+// in the built-in set (migrations/, in migrations.Owners order), so they leave
+// Migrations nil.
 func builtinModules() []Module {
 	return []Module{
 		{
@@ -30,6 +32,7 @@ func builtinModules() []Module {
 				c, err := outboxworker.NewCollector(db, r)
 				return []prometheus.Collector{c}, err
 			},
+			Routes: outboxRoutes,
 		},
 		{
 			Name: "backfill",
@@ -63,6 +66,7 @@ func builtinModules() []Module {
 			Metrics: func(db *pg.Pool, _ *workers.Registry) ([]prometheus.Collector, error) {
 				return []prometheus.Collector{workflowworker.NewCollector(db), workflowworker.NewStepCollector(db)}, nil
 			},
+			Routes: workflowRoutes,
 		},
 	}
 }
