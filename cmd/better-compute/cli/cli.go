@@ -72,6 +72,10 @@ type Module struct {
 	// read-only mode (a route not marked ReadOnly is refused there). s is the
 	// serving command's session (its registry, logger and configuration).
 	Routes func(s *Session, db *pg.Pool) []web.Route
+	// Checks, optional, returns the module's own doctor checks, printed after
+	// the built-in ones: a Check not OK fails doctor (set its Code for a
+	// stable error code). It runs on doctor's pool; ctx ends with doctor.
+	Checks func(ctx context.Context, s *Session, db *pg.Pool) []Check
 	// Dev, optional, plays the application while dev runs: started once the
 	// worker runs, it changes rows and marks them dirty until ctx is done (the
 	// demo application's modules do). Only dev runs it. TracerProvider(ctx) is

@@ -173,6 +173,11 @@ func (s *Session) Doctor(ctx context.Context, opts ...DoctorOptions) []Check {
 	s.doctorClock(ctx, db, r)
 	s.doctorSnapshot(ctx, db, r, now, o.MaxXactAge)
 	s.doctorWork(ctx, db, r, now)
+	for _, m := range s.App.modules() {
+		if m.Checks != nil {
+			r.checks = append(r.checks, m.Checks(ctx, s, db)...)
+		}
+	}
 	return r.checks
 }
 

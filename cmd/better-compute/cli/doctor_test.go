@@ -387,3 +387,31 @@ func TestDoctorShowsWorkersHeartbeatsAndTakeovers(t *testing.T) {
 	require.Regexp(t, `(?m)^OK\s+workers\s+1 live: host-a/0#1 on host-a \(silent for 3\ds, taken for dead, standby\), host-b/0#1 on host-b \(beat .* ago, 2 leases\)$`, r.Stdout)
 	require.Regexp(t, `(?m)^OK\s+takeovers\s+leases changed hands: 2 after the holder's heartbeat stopped \(last \S+: shard/0 from host-a/0#1 to host-b/0#1\)$`, r.Stdout)
 }
+
+// TestAModuleBringsItsOwnDoctorChecks: doctor prints an application module's
+// checks after the built-in ones, and one that fails fails doctor with its code.
+func TestAModuleBringsItsOwnDoctorChecks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{Empty: true})
+	open := 0
+	app := cli.App{Name: "shop", Modules: []cli.Module{{Name: "shop",
+		Checks: func(ctx context.Context, _ *cli.Session, db *pg.Pool) []cli.Check {
+			var n int
+			if err := db.QueryRow(ctx, `SELECT count(*) FROM compute_leases`).Scan(&n); err != nil {
+				return []cli.Check{{Name: "orders", Detail: err.Error(), Code: fault.Unavailable}}
+			}
+			return []cli.Check{{Name: "orders", OK: open == 0, Detail: fmt.Sprintf("%d orders open too long, %d leases", open, n), Code: fault.Conflict}}
+		}}}}
+	require.Equal(t, 0, clitest.Run(t, ctx, app, dbEnv(db), "migrate").Code)
+
+	r := clitest.Run(t, ctx, app, dbEnv(db), "doctor")
+	require.Equal(t, 0, r.Code, r.Stdout+r.Stderr)
+	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	require.Len(t, lines, len(doctorChecks)+1)
+	require.Regexp(t, `^OK\s+orders\s+0 orders open too long, 0 leases$`, lines[len(lines)-1], "after the built-in checks")
+
+	open = 3
+	r = clitest.Run(t, ctx, app, dbEnv(db), "doctor")
+	requireErrLine(t, r, `^CONFLICT: doctor: orders failed: 3 orders open too long`)
+}
