@@ -48,18 +48,6 @@ func (a *CapacityHoldExpiry) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// CapacityExpirySweep is the periodic, unfenced safety net of hold expiry: it
-// enqueues a CapacityHoldExpiry for every hold overdue by more than a grace
-// period (its job was cancelled or discarded by an operator, say). It runs in the
-// maintenance queue and writes nothing but unique jobs.
-type CapacityExpirySweep struct{}
-
-// CapacityExpirySweepKind is CapacityExpirySweep's River job kind.
-const CapacityExpirySweepKind = "capacity_expiry_sweep"
-
-// Kind implements river.JobArgs.
-func (CapacityExpirySweep) Kind() string { return CapacityExpirySweepKind }
-
 // liveStates are the states in which a unique job blocks a duplicate: every
 // state but the finished ones, so a cancelled or discarded job can be replaced.
 var liveStates = []rivertype.JobState{

@@ -1,8 +1,12 @@
-// Package jobs holds what applications enqueue and the helpers that route it:
-// the reconcile jobs and DirtyTx (coalescing), and the shard of a key. It imports
-// only River, pgx, the standard library, platform/fault (the one error type,
-// itself standard library only) and platform/tracing (the OpenTelemetry API, no
-// SDK), so enqueueing never pulls in worker code. Bad
+// Package jobs holds the job kinds and args the domain packages enqueue, the
+// helpers that route them (the shard of a key, its queue), and the statements
+// on River's tables that the domain packages and the command run. What only
+// the worker engine uses (the args of the jobs only workers insert, the
+// statements of its fences, hand-backs and batched reconciles) is in
+// workers/internal/riverjob, which only packages under workers/ can import.
+// It imports only River, pgx, the standard library, platform/fault (the one
+// error type, itself standard library only) and platform/tracing (the
+// OpenTelemetry API, no SDK), so enqueueing never pulls in worker code. Bad
 // input (a kind, a key, job args that cannot be worked) is INVALID_ARGUMENT.
 //
 // # Shards
@@ -14,10 +18,10 @@
 //
 // An application's own job kind (registered with workers.AddWorker) is fenced:
 // InsertForKeyTx puts it in the shard queue of a key, in the caller's
-// transaction. Its kind is recorded in compute_fenced_kinds (RecordFencedKinds,
-// at migrate and worker start), and a trigger on river_job refuses a job of a
-// recorded kind in any other queue (INVALID_ARGUMENT), where no worker would
-// ever take it:
+// transaction. Its kind is recorded in compute_fenced_kinds (at migrate and
+// worker start, by workers/internal/riverjob.RecordFencedKinds), and a trigger
+// on river_job refuses a job of a recorded kind in any other queue
+// (INVALID_ARGUMENT), where no worker would ever take it:
 //
 //	no job ──InsertForKeyTx(key)──▶ available in shard_<ShardOf(key)>
 //	no job ──InsertTx(queue default)──▶ refused (fenced kind) | available (other kind)
@@ -29,7 +33,7 @@
 // triggers and other languages call the same way. It upserts the key's row in
 // compute_dirty and inserts no River job; the holder of the key's shard claims
 // due keys from that table in batches, each batch one River job
-// (ReconcileBatch), reconciled in one fenced transaction:
+// (of kind ReconcileBatchKind), reconciled in one fenced transaction:
 //
 //	no row ──DirtyTx──▶ waiting (row gen=1, job_id NULL, not_before)
 //	waiting ──DirtyTx──▶ waiting (gen+1; the earlier not_before wins)

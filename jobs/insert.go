@@ -3,7 +3,6 @@ package jobs
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -102,7 +101,7 @@ func withTraceparent(metadata []byte, cause string) ([]byte, error) {
 		}
 	}
 	tp, _ := json.Marshal(cause)
-	m["traceparent"] = tp
+	m[TraceparentKey] = tp
 	return json.Marshal(m)
 }
 
@@ -120,19 +119,4 @@ func ShardQueueOfTx(ctx context.Context, tx pgx.Tx, key string) (string, error) 
 		return "", err
 	}
 	return ShardQueue(ShardOf(key, n)), nil
-}
-
-// RecordFencedKinds records kinds as fenced (see InsertTx): from then on the
-// database refuses a job of any of them in a queue other than a shard queue.
-// migrate and every worker start record their registry's kinds; a kind stays
-// recorded.
-func RecordFencedKinds(ctx context.Context, db pg.DBTX, kinds []string) error {
-	if len(kinds) == 0 {
-		return nil
-	}
-	_, err := db.Exec(ctx, `INSERT INTO compute_fenced_kinds (kind) SELECT unnest($1::text[]) ON CONFLICT (kind) DO NOTHING`, kinds)
-	if err != nil {
-		return pg.Translate(fmt.Errorf("error recording the fenced job kinds: %w", err))
-	}
-	return nil
 }

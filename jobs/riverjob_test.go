@@ -25,44 +25,28 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // prepare against River's schema as migrated.
 func riverJobStatements() map[string]string {
 	return map[string]string{
-		"jobStateSQL":                  jobStateSQL,
-		"FenceSQL":                     FenceSQL,
-		"anotherAttemptRunningSQL":     anotherAttemptRunningSQL,
-		"handBackShardJobsSQL":         handBackShardJobsSQL,
-		"handBackOwnRunningSQL":        handBackOwnRunningSQL,
-		"handBackEarlierSQL":           handBackEarlierSQL,
-		"countUnfinishedSQL":           countUnfinishedSQL,
-		"ClaimDirtySQL":                ClaimDirtySQL,
-		"ReadClaimedSQL":               ReadClaimedSQL,
-		"DueWorkSQL":                   DueWorkSQL,
-		"FinishBatchSQL":               FinishBatchSQL,
-		"TakeDirtySQL":                 TakeDirtySQL,
-		"FinishTakenSQL":               FinishTakenSQL,
-		"FailKeySQL":                   FailKeySQL,
-		"BackfillProgressSQL (Get)":    BackfillProgressSQL + ` WHERE b.name = $1`,
-		"BackfillProgressSQL (List)":   BackfillProgressSQL + ` ORDER BY b.name`,
-		"BackfillLockSQL":              BackfillLockSQL,
-		"cancelWaitingSQL":             cancelWaitingSQL,
-		"insertBackfillSQL":            insertBackfillSQL,
-		"DueSinksSQL":                  DueSinksSQL,
-		"handBackStaleSinkJobsSQL":     handBackStaleSinkJobsSQL,
-		"outboxDispatchWaitingSQL":     outboxDispatchWaitingSQL,
-		"OverdueHoldsSQL":              OverdueHoldsSQL,
-		"countWaitingInShardQueuesSQL": countWaitingInShardQueuesSQL,
-		"countRunningLongerSQL":        countRunningLongerSQL,
-		"countRunningSQL":              countRunningSQL,
-		"dueByQueueSQL":                dueByQueueSQL,
-		"runningByAttempterSQL":        runningByAttempterSQL,
-		"oldestRunningSQL":             oldestRunningSQL,
-		"StartWorkflowsSQL":            StartWorkflowsSQL,
-		"StepWorkflowSQL":              StepWorkflowSQL,
-		"WakeWorkflowJobSQL":           WakeWorkflowJobSQL,
-		"CompleteJobSQL":               CompleteJobSQL,
-		"HandOverWorkflowSQL":          HandOverWorkflowSQL,
-		"WakeWorkflowParentSQL":        WakeWorkflowParentSQL,
-		"WakeDueWorkflowsSQL":          WakeDueWorkflowsSQL,
-		"CancelWorkflowJobsSQL":        CancelWorkflowJobsSQL,
-		"StuckWorkflowsSQL":            StuckWorkflowsSQL,
+		"jobStateSQL":                jobStateSQL,
+		"FenceSQL":                   FenceSQL,
+		"countUnfinishedSQL":         countUnfinishedSQL,
+		"ClaimDirtySQL":              ClaimDirtySQL,
+		"BackfillProgressSQL (Get)":  BackfillProgressSQL + ` WHERE b.name = $1`,
+		"BackfillProgressSQL (List)": BackfillProgressSQL + ` ORDER BY b.name`,
+		"BackfillLockSQL":            BackfillLockSQL,
+		"cancelWaitingSQL":           cancelWaitingSQL,
+		"insertBackfillSQL":          insertBackfillSQL,
+		"DueSinksSQL":                DueSinksSQL,
+		"handBackStaleSinkJobsSQL":   handBackStaleSinkJobsSQL,
+		"countRunningLongerSQL":      countRunningLongerSQL,
+		"countRunningSQL":            countRunningSQL,
+		"dueByQueueSQL":              dueByQueueSQL,
+		"runningByAttempterSQL":      runningByAttempterSQL,
+		"StartWorkflowsSQL":          StartWorkflowsSQL,
+		"StepWorkflowSQL":            StepWorkflowSQL,
+		"WakeWorkflowJobSQL":         WakeWorkflowJobSQL,
+		"WakeWorkflowParentSQL":      WakeWorkflowParentSQL,
+		"WakeDueWorkflowsSQL":        WakeDueWorkflowsSQL,
+		"CancelWorkflowJobsSQL":      CancelWorkflowJobsSQL,
+		"StuckWorkflowsSQL":          StuckWorkflowsSQL,
 	}
 }
 
@@ -196,7 +180,7 @@ func TestRiverDefaults(t *testing.T) {
 
 	var riverID int64
 	inTx(t, func(tx pgx.Tx) error {
-		res, err := InsertTx(ctx, tx, Reconcile{Reconciler: "item", Key: "by-river"}, nil)
+		res, err := InsertTx(ctx, tx, testArgs{Key: "by-river"}, nil)
 		if err == nil {
 			riverID = res.Job.ID
 		}
@@ -209,7 +193,8 @@ func TestRiverDefaults(t *testing.T) {
 
 	// DirtyTx puts the key in its shard (SQL and Go agree); a claim by the
 	// shard's holder inserts the batch's job running under it, with River's
-	// defaults; a key failing alone gets its own job, retryable.
+	// defaults (a key failing alone gets its own job: workers/internal/riverjob
+	// checks FailKeySQL).
 	inTx(t, func(tx pgx.Tx) error {
 		if err := dirtyTx(ctx, tx, "item", "now", 0); err != nil {
 			return err
@@ -233,15 +218,6 @@ func TestRiverDefaults(t *testing.T) {
 		State: "running", Tags: []string{"item"}}, j)
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE id = $1 AND kind = $2 AND attempt = 1
 		AND attempted_by = '{w#1}' AND args = '{"reconciler": "item", "keys": ["now"]}'`, batchID, ReconcileBatchKind))
-	db.MustExec(t, FailKeySQL, batchID, "item", "now", ShardQueue(shard), `{"reconciler":"item","key":"now"}`, "it failed",
-		time.Now().Add(time.Second), time.Now(), "w#1", 1.0)
-	var ownID int64
-	require.NoError(t, db.QueryRow(ctx, `SELECT job_id FROM compute_dirty WHERE key = 'now'`).Scan(&ownID))
-	j = read(t, `id = $1`, ownID)
-	require.Equal(t, job{ID: ownID, MaxAttempts: byRiver.MaxAttempts, Priority: byRiver.Priority, Queue: ShardQueue(shard),
-		State: "retryable", Tags: []string{"item"}}, j)
-	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE id = $1 AND kind = $2 AND attempt = 1
-		AND errors[1]->>'error' = 'it failed'`, ownID, ReconcileKind))
 
 	// A backfill batch.
 	var soon, late int64
@@ -280,7 +256,7 @@ attempted_at = clock_timestamp() - make_interval(secs => $2), attempted_by = arr
 
 	var id int64
 	inTx(t, func(tx pgx.Tx) error {
-		res, err := InsertTx(ctx, tx, Reconcile{Reconciler: "item", Key: "k"}, &river.InsertOpts{Queue: queue})
+		res, err := InsertTx(ctx, tx, testArgs{Key: "k"}, &river.InsertOpts{Queue: queue})
 		if err != nil {
 			return err
 		}
@@ -291,9 +267,6 @@ attempted_at = clock_timestamp() - make_interval(secs => $2), attempted_by = arr
 		}
 		return dirtyTx(ctx, tx, "item", "later", time.Hour)
 	})
-	waiting, err := CountWaitingInShardQueues(ctx, db)
-	require.NoError(t, err)
-	require.Equal(t, map[string]int{queue: 2}, waiting, "the job and the due dirty key")
 	depths, err := DueByQueue(ctx, db)
 	require.NoError(t, err)
 	require.Len(t, depths, 1)
@@ -315,59 +288,28 @@ attempted_at = clock_timestamp() - make_interval(secs => $2), attempted_by = arr
 	n, _, err = CountRunningLonger(ctx, db, time.Hour)
 	require.NoError(t, err)
 	require.Zero(t, n)
-	ages, err := OldestRunning(ctx, db)
-	require.NoError(t, err)
-	require.Len(t, ages, 1)
-	require.Equal(t, queue, ages[0].Queue)
-	require.Equal(t, Reconcile{}.Kind(), ages[0].Kind)
-	require.Equal(t, 1, ages[0].Jobs)
-	require.InDelta(t, (10 * time.Minute).Seconds(), ages[0].Oldest.Seconds(), 60, "attempted ten minutes ago")
 	groups, err := RunningByAttempter(ctx, db, time.Now().Add(-time.Minute))
 	require.NoError(t, err)
 	require.Len(t, groups, 1)
 	require.Equal(t, RunningGroup{Queue: queue, Client: "w#1", Jobs: 1, Old: 1, OldestAttempt: groups[0].OldestAttempt}, groups[0])
 	require.NotNil(t, groups[0].OldestAttempt)
 
-	// Hand-backs: each returns a running job to available.
-	back := func(t *testing.T, owner string, fn func() (int64, error)) {
-		t.Helper()
-		db.MustExec(t, `UPDATE river_job SET state = 'available', finalized_at = NULL WHERE id = $1`, id)
-		run(t, id, owner, time.Hour)
-		n, err := fn()
-		require.NoError(t, err)
-		require.EqualValues(t, 1, n)
-		require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE id = $1 AND state = 'available'`, id))
-	}
-	back(t, "w#1", func() (int64, error) { return HandBackOwnRunning(ctx, db, []string{queue}, "w#1") })
-	back(t, "w#1", func() (int64, error) {
-		db.MustExec(t, `INSERT INTO compute_leases (name, owner, epoch, expires_at) VALUES ('shard/x', 'w#2', 7, compute_now() + interval '1 hour')`)
-		queues, err := HandBackShardJobs(ctx, db, &HandBackParams{Leases: []string{"shard/x"}, Epochs: []int64{7}, Queues: []string{queue},
-			Owner: "w#2", At: time.Now(), When: "in a test", Working: []int64{}, OwnAfter: time.Minute})
-		return int64(len(queues)), err
-	})
-	db.MustExec(t, `UPDATE river_job SET queue = $2 WHERE id = $1`, id, MaintenanceQueue)
-	back(t, "ident#1", func() (int64, error) { return HandBackEarlierIncarnation(ctx, db, "ident", "ident#2", time.Now()) })
 	stale, err := HandBackStaleSinkJobs(ctx, db, []string{"nosuch"}, OutboxDeliverKind, time.Now(), time.Now())
 	require.NoError(t, err)
 	require.Zero(t, stale)
 
-	// A waiting dispatch job, and a waiting job cancelled.
-	var dispatchID int64
+	// A waiting job cancelled.
+	var waitingID int64
 	inTx(t, func(tx pgx.Tx) error {
-		res, err := InsertTx(ctx, tx, OutboxDispatch{Dispatcher: "d"}, &river.InsertOpts{Queue: MaintenanceQueue})
+		res, err := InsertTx(ctx, tx, testArgs{Key: "d"}, &river.InsertOpts{Queue: MaintenanceQueue})
 		require.NoError(t, err)
-		dispatchID = res.Job.ID
-		for name, want := range map[string]bool{"d": true, "e": false} {
-			waiting, err := OutboxDispatchWaitingTx(ctx, tx, name)
-			require.NoError(t, err)
-			require.Equal(t, want, waiting, name)
-		}
-		cancelled, err := CancelWaitingTx(ctx, tx, dispatchID, time.Now(), "a test")
+		waitingID = res.Job.ID
+		cancelled, err := CancelWaitingTx(ctx, tx, waitingID, time.Now(), "a test")
 		require.NoError(t, err)
 		require.EqualValues(t, 1, cancelled)
 		return nil
 	})
-	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE id = $1 AND state = 'cancelled'`, dispatchID))
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE id = $1 AND state = 'cancelled'`, waitingID))
 }
 
 // TestShardOf: a key's shard is FNV-1a(key) mod the count, and its queue
@@ -506,3 +448,11 @@ func dirtyTx(ctx context.Context, tx pgx.Tx, kind, key string, delay time.Durati
 	_, err := tx.Exec(ctx, `SELECT compute_mark_dirty($1, $2, $3::float8, $4::bigint, NULL)`, kind, key, delay.Seconds(), int64(KeyHash(key)))
 	return err
 }
+
+// testArgs are the args of a job of no kind of this module's, that River
+// inserts with its defaults.
+type testArgs struct {
+	Key string `json:"key"`
+}
+
+func (testArgs) Kind() string { return "test_job" }

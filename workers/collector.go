@@ -11,6 +11,7 @@ import (
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/migrate"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 // CollectTimeout bounds one scrape of a collector that reads the database.
@@ -42,7 +43,7 @@ func ShardHolders(ctx context.Context, db pg.DBTX, fallback time.Time) (map[int]
 // jobs of its queue and due dirty keys not yet claimed (shards with none are
 // absent).
 func WaitingByShard(ctx context.Context, db pg.DBTX) (map[int]int, error) {
-	byQueue, err := jobs.CountWaitingInShardQueues(ctx, db)
+	byQueue, err := riverjob.CountWaitingInShardQueues(ctx, db)
 	waiting := map[int]int{}
 	for q, c := range byQueue {
 		var n int
@@ -117,7 +118,7 @@ func (c *WorkCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.oldestDue, prometheus.GaugeValue, d.Oldest.Seconds(), d.Queue)
 		}
 	}
-	if running, err := jobs.OldestRunning(ctx, c.db); err != nil {
+	if running, err := riverjob.OldestRunning(ctx, c.db); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.oldestRunning, fmt.Errorf("error reading the running jobs: %w", err))
 	} else {
 		for _, r := range running {

@@ -13,6 +13,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/tracing"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 // What an application enqueues in its own transaction: a reconcile of a key
@@ -35,10 +36,10 @@ type DirtyOpts struct {
 // The span of ctx, if sampled, is recorded as a cause of the key's next
 // reconcile (tracing.Cause; see "Trace context" in the package doc).
 func DirtyTx(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) error {
-	if err := jobs.ValidateKind(kind); err != nil {
+	if err := riverjob.ValidateKind(kind); err != nil {
 		return err
 	}
-	if err := jobs.CheckKey("dirty "+kind, key); err != nil {
+	if err := riverjob.CheckKey("dirty "+kind, key); err != nil {
 		return err
 	}
 	var delay time.Duration
@@ -69,12 +70,12 @@ const markDirtySQL = `SELECT compute_mark_dirty($1, $2, $3::float8, $4::bigint, 
 // so does the job. opts may set anything but the queue (nil for River's
 // defaults and the args' own InsertOpts); a queue other than the key's shard
 // queue is INVALID_ARGUMENT, and so is a key that is empty, longer than
-// jobs.MaxKeyLen, not valid UTF-8 or holding a NUL byte (refused before any
+// riverjob.MaxKeyLen, not valid UTF-8 or holding a NUL byte (refused before any
 // statement is sent: tx stays usable).
 //
 //	_, err := workers.InsertForKeyTx(ctx, tx, orderID, ShipArgs{OrderID: orderID}, nil)
 func InsertForKeyTx(ctx context.Context, tx pgx.Tx, key string, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error) {
-	if err := jobs.CheckKey("InsertForKeyTx (the key picks the job's shard)", key); err != nil {
+	if err := riverjob.CheckKey("InsertForKeyTx (the key picks the job's shard)", key); err != nil {
 		return nil, err
 	}
 	queue, err := jobs.ShardQueueOfTx(ctx, tx, key)

@@ -85,7 +85,7 @@ func (f Fence) Check(got int, err error) error { return fenceResult(got, err, f.
 // each in a transaction of its own: fn runs the fence itself, first (FenceTx,
 // or jobs.FenceSQL with Args in a batch, checked by Check), and
 // completes the job in the transaction that ends the job's work
-// (jobs.CompleteJobSQL); a transaction that does not complete it leaves it
+// (riverjob.CompleteJobSQL); a transaction that does not complete it leaves it
 // running, for the next one. A FENCED error is reported as InTx reports it.
 func FencedTx[T river.JobArgs](ctx context.Context, job *river.Job[T], fn func(ctx context.Context, tx pgx.Tx, f Fence) error) error {
 	rt := runtimeFrom(ctx)

@@ -7,6 +7,7 @@ import (
 	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 // claim starts this process's incarnation of its worker identity (lease.Claim)
@@ -33,12 +34,12 @@ func (rt *Runtime) claim(ctx context.Context, want []string) error {
 
 	// River's leader, if it was that process, would hold leadership (the
 	// scheduler of snoozed and retried jobs, periodic jobs) for up to 15 s.
-	if err := jobs.ClearEarlierLeader(ctx, rt.pool, inc.Identity, rt.owner); err != nil {
+	if err := riverjob.ClearEarlierLeader(ctx, rt.pool, inc.Identity, rt.owner); err != nil {
 		rt.log.Warn().Err(err).Msg("could not clear River's leadership of the previous incarnation; River elects a new leader within 15 s")
 	}
 	// Its running maintenance jobs go back to the queue now, instead of after
 	// River's rescue delay. (Its shard jobs go back when their leases are taken.)
-	n, err := jobs.HandBackEarlierIncarnation(ctx, rt.pool, inc.Identity, rt.owner, time.Now())
+	n, err := riverjob.HandBackEarlierIncarnation(ctx, rt.pool, inc.Identity, rt.owner, time.Now())
 	if err != nil {
 		rt.log.Warn().Err(err).Msg("could not hand back the previous incarnation's maintenance jobs; River rescues them later")
 	} else if n > 0 {

@@ -11,8 +11,8 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
-	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 type runtimeKey struct{}
@@ -103,7 +103,7 @@ func (rt *Runtime) waitOutLiveAttempt(ctx context.Context, job *rivertype.JobRow
 	wait := 50 * time.Millisecond
 	for logged := false; ; {
 		qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		other, err := jobs.AnotherAttemptRunning(qctx, rt.pool, job.ID, job.Attempt, *job.AttemptedAt)
+		other, err := riverjob.AnotherAttemptRunning(qctx, rt.pool, job.ID, job.Attempt, *job.AttemptedAt)
 		cancel()
 		if err != nil || !other {
 			return

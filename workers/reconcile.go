@@ -17,6 +17,7 @@ import (
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 // How reconciles run (see workers.DirtyTx for how keys are marked):
@@ -29,9 +30,9 @@ import (
 //	own job ──succeeds──▶ no row (or waiting again) | ──fails──▶ River retries it
 //
 // A batch is one transaction, fenced by the shard lease from the statement
-// that takes its keys (jobs.TakeDirtySQL) to its commit: it takes the due
+// that takes its keys (riverjob.TakeDirtySQL) to its commit: it takes the due
 // keys of one reconciler, reconciles them, and deletes their rows at the gen it
-// read (jobs.FinishTakenSQL). It writes no River job, so a batch costs one
+// read (riverjob.FinishTakenSQL). It writes no River job, so a batch costs one
 // transaction. The rows are read, not locked: a writer that dirties a key
 // during its reconcile never waits for it; the gen it bumps keeps the row, and
 // the key runs again. Two batches of this process never take one key (the
@@ -53,14 +54,14 @@ import (
 // tracing.MaxCauses. The reconciles get its context, so an event they append or
 // a key they dirty is caused by the reconcile in turn.
 
-// reconcileWorker works jobs.Reconcile: one key of one reconciler, on its own
+// reconcileWorker works riverjob.Reconcile: one key of one reconciler, on its own
 // (a key whose reconcile failed in a batch, retried with River's backoff).
 type reconcileWorker struct {
-	river.WorkerDefaults[jobs.Reconcile]
+	river.WorkerDefaults[riverjob.Reconcile]
 	reg *Registry
 }
 
-func (w *reconcileWorker) Work(ctx context.Context, job *river.Job[jobs.Reconcile]) error {
+func (w *reconcileWorker) Work(ctx context.Context, job *river.Job[riverjob.Reconcile]) error {
 	rt, l, rec, err := w.reg.reconcileJob(ctx, job.Args.Reconciler, job.JobRow)
 	if err != nil {
 		return err
@@ -93,15 +94,15 @@ func (reg *Registry) reconcileJob(ctx context.Context, kind string, row *riverty
 	return rt, l, rec, nil
 }
 
-// batchWorker works jobs.ReconcileBatch when River runs it: a batch whose
+// batchWorker works riverjob.ReconcileBatch when River runs it: a batch whose
 // claimer died or lost its shard before it committed, handed back by the
 // shard's next holder.
 type batchWorker struct {
-	river.WorkerDefaults[jobs.ReconcileBatch]
+	river.WorkerDefaults[riverjob.ReconcileBatch]
 	reg *Registry
 }
 
-func (w *batchWorker) Work(ctx context.Context, job *river.Job[jobs.ReconcileBatch]) error {
+func (w *batchWorker) Work(ctx context.Context, job *river.Job[riverjob.ReconcileBatch]) error {
 	rt, l, rec, err := w.reg.reconcileJob(ctx, job.Args.Reconciler, job.JobRow)
 	if err != nil {
 		return err
@@ -148,7 +149,7 @@ func redoKeys(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.Jo
 // the lease and the job; for a key a batch took (row.ID < 0, no job), the
 // lease alone, and the key's row must still be waiting.
 func failKey(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.JobRow, rec *Reconciler, key string, cause error) error {
-	args, err := json.Marshal(jobs.Reconcile{Reconciler: rec.Kind, Key: key})
+	args, err := json.Marshal(riverjob.Reconcile{Reconciler: rec.Kind, Key: key})
 	if err != nil {
 		return err
 	}
@@ -171,7 +172,7 @@ func failKey(ctx context.Context, rt *Runtime, l lease.Lease, row *rivertype.Job
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, jobs.FailKeySQL, batch, rec.Kind, key, row.Queue, string(args), msg, at, now,
+		_, err = tx.Exec(ctx, riverjob.FailKeySQL, batch, rec.Kind, key, row.Queue, string(args), msg, at, now,
 			rt.owner, at.Sub(now).Seconds())
 		return err
 	})
@@ -285,7 +286,7 @@ func (b *batchRun) run(ctx context.Context, rt *Runtime, tx pgx.Tx, l lease.Leas
 	// The fences and the rows, one round trip.
 	fb := &pgx.Batch{}
 	fb.Queue(jobs.FenceSQL, l.Name, l.Owner, l.Epoch, row.ID, row.Attempt)
-	fb.Queue(jobs.ReadClaimedSQL, kind, row.ID, only)
+	fb.Queue(riverjob.ReadClaimedSQL, kind, row.ID, only)
 	res := tx.SendBatch(ctx, fb)
 	var fenced int
 	errFence := res.QueryRow().Scan(&fenced)
@@ -325,7 +326,7 @@ func (b *batchRun) run(ctx context.Context, rt *Runtime, tx pgx.Tx, l lease.Leas
 			attempt = &row.Attempt
 		}
 		var n int64
-		if err := tx.QueryRow(ctx, jobs.FinishBatchSQL, kind, row.ID, keys, gens, attempt, time.Now()).Scan(&n); err != nil {
+		if err := tx.QueryRow(ctx, riverjob.FinishBatchSQL, kind, row.ID, keys, gens, attempt, time.Now()).Scan(&n); err != nil {
 			return fmt.Errorf("error finishing the reconciles of %s: %w", kind, err)
 		}
 		want := int64(len(keys))
@@ -432,17 +433,17 @@ func (rt *Runtime) claimLoop(shard int, wake <-chan struct{}) {
 	}
 }
 
-// resyncWorker works jobs.Resync: it marks every key a reconciler lists dirty,
+// resyncWorker works riverjob.Resync: it marks every key a reconciler lists dirty,
 // a page per transaction. It is idempotent, so it needs no fence.
 type resyncWorker struct {
-	river.WorkerDefaults[jobs.Resync]
+	river.WorkerDefaults[riverjob.Resync]
 	reg *Registry
 }
 
 // resyncPage is how many keys one resync transaction marks.
 const resyncPage = 500
 
-func (w *resyncWorker) Work(ctx context.Context, job *river.Job[jobs.Resync]) error {
+func (w *resyncWorker) Work(ctx context.Context, job *river.Job[riverjob.Resync]) error {
 	rec := w.reg.reconcilers[job.Args.Reconciler]
 	if rec == nil || rec.List == nil {
 		return nil
@@ -494,7 +495,7 @@ func (rt *Runtime) resyncJobs() []*river.PeriodicJob {
 		k := kind
 		out = append(out, river.NewPeriodicJob(river.PeriodicInterval(every),
 			func() (river.JobArgs, *river.InsertOpts) {
-				return jobs.Resync{Reconciler: k}, &river.InsertOpts{Queue: jobs.MaintenanceQueue,
+				return riverjob.Resync{Reconciler: k}, &river.InsertOpts{Queue: jobs.MaintenanceQueue,
 					UniqueOpts: river.UniqueOpts{ByArgs: true, ByPeriod: every}}
 			}, &river.PeriodicJobOpts{ID: "resync_" + k}))
 	}

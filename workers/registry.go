@@ -8,9 +8,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
-	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 // Reconciler reconciles keys of one kind: see workers.DirtyTx for how keys are marked.
@@ -209,13 +209,13 @@ func (r *Registry) OnCheck(f func(ctx context.Context, db pg.DBTX) error) {
 }
 
 // Record records in db what the registry defines: its fenced job kinds
-// (jobs.RecordFencedKinds) and what modules record with OnRecord (the
+// (riverjob.RecordFencedKinds) and what modules record with OnRecord (the
 // workflow definitions). migrate and every worker start call it.
 func (r *Registry) Record(ctx context.Context, db pg.DBTX) error {
 	if err := r.unclaimed(); err != nil {
 		return err
 	}
-	if err := jobs.RecordFencedKinds(ctx, db, r.FencedKinds()); err != nil {
+	if err := riverjob.RecordFencedKinds(ctx, db, r.FencedKinds()); err != nil {
 		return err
 	}
 	for _, f := range r.onRecord {
@@ -239,7 +239,7 @@ func (r *Registry) Check(ctx context.Context, db pg.DBTX) error {
 // AddReconciler registers a reconciler. It returns INVALID_CONFIG for a bad or
 // duplicate kind or a missing Reconcile.
 func AddReconciler(r *Registry, rec Reconciler) error {
-	if err := jobs.ValidateKind(rec.Kind); err != nil {
+	if err := riverjob.ValidateKind(rec.Kind); err != nil {
 		return fault.Wrap(fault.InvalidConfig, err, "bad reconciler")
 	}
 	if rec.Reconcile == nil {

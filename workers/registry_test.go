@@ -14,6 +14,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
@@ -42,7 +43,7 @@ func TestRegistrationsReturnErrors(t *testing.T) {
 			return sweepArgs{}, &river.InsertOpts{Queue: jobs.MaintenanceQueue}
 		}, nil)),
 	))
-	require.Equal(t, []string{jobs.ReconcileKind, jobs.ReconcileBatchKind, "test_bump"}, reg.FencedKinds(), "AddWorker kinds are fenced; maintenance kinds are not")
+	require.Equal(t, []string{riverjob.ReconcileKind, jobs.ReconcileBatchKind, "test_bump"}, reg.FencedKinds(), "AddWorker kinds are fenced; maintenance kinds are not")
 
 	err := errors.Join(
 		workers.AddWorker(reg, &bumpWorker{}),
@@ -56,7 +57,7 @@ func TestRegistrationsReturnErrors(t *testing.T) {
 	for _, want := range []string{`"test_bump" is registered twice`, `"test_sweep" is registered twice`, "item is registered twice", "bad reconciler", "nil periodic job"} {
 		require.ErrorContains(t, err, want)
 	}
-	require.Equal(t, []string{jobs.ReconcileKind, jobs.ReconcileBatchKind, "test_bump"}, reg.FencedKinds(), "a refused registration adds nothing")
+	require.Equal(t, []string{riverjob.ReconcileKind, jobs.ReconcileBatchKind, "test_bump"}, reg.FencedKinds(), "a refused registration adds nothing")
 }
 
 // TestWorkerStartRecordsFencedKinds: a worker process records its registry's

@@ -27,6 +27,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/logging"
 	"github.com/bettercompute/bettercompute/platform/migrate"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 // Options configure a Runtime.
@@ -466,7 +467,7 @@ func (rt *Runtime) leaseForQueue(queue string) (lease.Lease, bool) {
 const ownStrayAfter = 5 * time.Second
 
 // handBack returns to their queues the running jobs of the shards of ls that
-// another client attempted (see jobs.HandBackShardJobs): at a takeover, in the
+// another client attempted (see riverjob.HandBackShardJobs): at a takeover, in the
 // transaction that acquires the lease (the previous holder's jobs), and after
 // every lease round (a paused process that woke, fetched and died), so a shard's
 // holder owns every running job of its queue within one renewal interval. It
@@ -485,7 +486,7 @@ func (rt *Runtime) handBack(ctx context.Context, db pg.DBTX, when string, ls ...
 	if len(names) == 0 {
 		return 0, nil
 	}
-	byQueue, err := jobs.HandBackShardJobs(ctx, db, &jobs.HandBackParams{
+	byQueue, err := riverjob.HandBackShardJobs(ctx, db, &riverjob.HandBackParams{
 		Leases: names, Epochs: epochs, Queues: queues, Owner: rt.owner, At: time.Now(), When: when,
 		Working: rt.inFlightIDs(), OwnAfter: max(rt.o.LeaseRenew, ownStrayAfter),
 	})
@@ -754,7 +755,7 @@ func (rt *Runtime) Stop(ctx context.Context) error {
 			}
 		}
 		relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_, herr := jobs.HandBackOwnRunning(relCtx, rt.pool, queues, rt.owner)
+		_, herr := riverjob.HandBackOwnRunning(relCtx, rt.pool, queues, rt.owner)
 		if herr != nil {
 			rt.log.Warn().Err(herr).Msg("could not hand back in-flight jobs; the next shard holder will")
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 // A batch that takes its keys in its own transaction (see "How reconciles
@@ -66,7 +67,7 @@ func (t *taking) take(ctx context.Context, tx pgx.Tx, l lease.Lease) (kind strin
 	defer t.flight.mu.Unlock()
 	t.release()
 	skipKinds, skipKeys := t.flight.skip()
-	rows, err := tx.Query(ctx, jobs.TakeDirtySQL, t.shard, l.Name, l.Owner, l.Epoch, t.kinds, t.sizes, skipKinds, skipKeys)
+	rows, err := tx.Query(ctx, riverjob.TakeDirtySQL, t.shard, l.Name, l.Owner, l.Epoch, t.kinds, t.sizes, skipKinds, skipKeys)
 	if err != nil {
 		return "", nil, nil, pg.Translate(fmt.Errorf("error taking the dirty keys of shard %d: %w", t.shard, err))
 	}
@@ -180,7 +181,7 @@ func (b *batchRun) runTaken(ctx context.Context, rt *Runtime, tx pgx.Tx, l lease
 		return err
 	}
 	var n int64
-	if err := tx.QueryRow(ctx, jobs.FinishTakenSQL, kind, keys, gens, links).Scan(&n); err != nil {
+	if err := tx.QueryRow(ctx, riverjob.FinishTakenSQL, kind, keys, gens, links).Scan(&n); err != nil {
 		return fmt.Errorf("error finishing the reconciles of %s: %w", kind, err)
 	}
 	if n != int64(len(keys)) {

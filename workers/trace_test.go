@@ -25,6 +25,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/platform/tracing"
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 	"github.com/bettercompute/bettercompute/workers/outboxworker"
 	"github.com/bettercompute/bettercompute/workers/workertest"
 	"github.com/bettercompute/bettercompute/workers/workflowworker"
@@ -470,7 +471,7 @@ func TestReconcilesRiverWorksKeepTheirCauses(t *testing.T) {
 		}
 	}
 	require.True(t, failed.Load())
-	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed'`, jobs.ReconcileKind),
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed'`, riverjob.ReconcileKind),
 		"the failing key was reconciled by its own job")
 }
 

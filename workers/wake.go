@@ -14,6 +14,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 // A working runtime wakes its River producer of a shard queue as soon as a
@@ -146,7 +147,7 @@ func (o *Options) idleQueuePoll() time.Duration {
 }
 
 // scoutLoop asks, once a poll interval and in one statement for all the
-// shards this process holds (jobs.DueWorkSQL), which have a due dirty key of
+// shards this process holds (riverjob.DueWorkSQL), which have a due dirty key of
 // a reconciler it runs, and which have a job due in their queue, and wakes
 // their claim loops and producers: an idle process costs the database one
 // statement a poll interval, not one per shard.
@@ -170,7 +171,7 @@ func (rt *Runtime) scoutLoop() {
 			queues[i] = jobs.ShardQueue(s)
 		}
 		ctx, cancel := context.WithTimeout(rt.runCtx, 30*time.Second)
-		rows, err := rt.pool.Query(ctx, jobs.DueWorkSQL, shards, queues, kinds)
+		rows, err := rt.pool.Query(ctx, riverjob.DueWorkSQL, shards, queues, kinds)
 		var shard int
 		var dirty, due bool
 		if err == nil {

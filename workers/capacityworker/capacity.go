@@ -20,7 +20,7 @@
 //
 // # Sweep
 //
-// A periodic jobs.CapacityExpirySweep (River's leader enqueues it every
+// A periodic riverjob.CapacityExpirySweep (River's leader enqueues it every
 // SweepEvery, in the maintenance queue) re-enqueues the expiry job of every hold
 // overdue by more than Grace, for a job an operator cancelled or River discarded.
 // The expiry job is unique by args among live jobs, so the sweep never runs two
@@ -42,6 +42,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 // Options configure Register.
@@ -86,8 +87,8 @@ func Register(reg *workers.Registry, o *Options) error {
 	}
 	return workers.AddPeriodic(reg, river.NewPeriodicJob(river.PeriodicInterval(opts.SweepEvery),
 		func() (river.JobArgs, *river.InsertOpts) {
-			return jobs.CapacityExpirySweep{}, &river.InsertOpts{Queue: jobs.MaintenanceQueue}
-		}, &river.PeriodicJobOpts{ID: jobs.CapacityExpirySweepKind}))
+			return riverjob.CapacityExpirySweep{}, &river.InsertOpts{Queue: jobs.MaintenanceQueue}
+		}, &river.PeriodicJobOpts{ID: riverjob.CapacityExpirySweepKind}))
 }
 
 // holdExpiryWorker works jobs.CapacityHoldExpiry.
@@ -139,9 +140,9 @@ func snoozeFor(ctx context.Context, dueIn, maxSnooze, simPoll time.Duration) tim
 	return d
 }
 
-// sweepWorker works jobs.CapacityExpirySweep.
+// sweepWorker works riverjob.CapacityExpirySweep.
 type sweepWorker struct {
-	river.WorkerDefaults[jobs.CapacityExpirySweep]
+	river.WorkerDefaults[riverjob.CapacityExpirySweep]
 	grace time.Duration
 }
 
@@ -151,7 +152,7 @@ const sweepLimit = 1000
 // Work enqueues the expiry job of every hold overdue by more than the grace
 // period (up to sweepLimit), unique by args: a hold whose job is alive gets no
 // second one.
-func (w *sweepWorker) Work(ctx context.Context, job *river.Job[jobs.CapacityExpirySweep]) error {
+func (w *sweepWorker) Work(ctx context.Context, job *river.Job[riverjob.CapacityExpirySweep]) error {
 	rt := workers.RuntimeFrom(ctx)
 	if rt == nil {
 		return fmt.Errorf("capacity sweep: no worker runtime in the job's context")
@@ -161,10 +162,10 @@ func (w *sweepWorker) Work(ctx context.Context, job *river.Job[jobs.CapacityExpi
 		// skipped, and one expired since this statement's snapshot is re-checked
 		// (and dropped) under the lock, so a finished job is never followed by a
 		// pointless new one. A hold whose expiry job is live is left out
-		// without waiting on that job's row (see jobs.OverdueHoldsSQL). A
+		// without waiting on that job's row (see riverjob.OverdueHoldsSQL). A
 		// stable order keeps two sweeps that overlap from waiting on each
 		// other's unique job inserts in a cycle.
-		rows, err := tx.Query(ctx, jobs.OverdueHoldsSQL, w.grace.Seconds(), sweepLimit)
+		rows, err := tx.Query(ctx, riverjob.OverdueHoldsSQL, w.grace.Seconds(), sweepLimit)
 		if err != nil {
 			return fmt.Errorf("error finding overdue holds: %w", err)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 // DispatcherOptions define a table dispatcher (seed 003, "Deliver an outbox"):
@@ -158,7 +159,7 @@ func AddDispatcher[T any](reg *workers.Registry, d *Dispatcher[T]) error {
 	name := d.o.Name
 	return workers.AddPeriodic(reg, river.NewPeriodicJob(river.PeriodicInterval(d.o.ReconcileInterval),
 		func() (river.JobArgs, *river.InsertOpts) {
-			return jobs.OutboxDispatch{Dispatcher: name}, dispatchOpts()
+			return riverjob.OutboxDispatch{Dispatcher: name}, dispatchOpts()
 		}, &river.PeriodicJobOpts{RunOnStart: true}))
 }
 
@@ -177,11 +178,11 @@ func (d *Dispatcher[T]) Notify(ctx context.Context, db pg.DBTX) error {
 
 func notify(ctx context.Context, db pg.DBTX, name string) error {
 	return pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
-		waiting, err := jobs.OutboxDispatchWaitingTx(ctx, tx, name)
+		waiting, err := riverjob.OutboxDispatchWaitingTx(ctx, tx, name)
 		if err != nil || waiting {
 			return err
 		}
-		_, err = jobs.InsertTx(ctx, tx, jobs.OutboxDispatch{Dispatcher: name}, dispatchOpts())
+		_, err = jobs.InsertTx(ctx, tx, riverjob.OutboxDispatch{Dispatcher: name}, dispatchOpts())
 		return err
 	})
 }
@@ -334,14 +335,14 @@ func (d *Dispatcher[T]) publishOne(ctx context.Context, r outbox.Claimed) (err e
 	return d.o.Publish(ctx, row)
 }
 
-// dispatchWorker runs one pass of a dispatcher: see jobs.OutboxDispatch.
+// dispatchWorker runs one pass of a dispatcher: see riverjob.OutboxDispatch.
 type dispatchWorker struct {
-	river.WorkerDefaults[jobs.OutboxDispatch]
+	river.WorkerDefaults[riverjob.OutboxDispatch]
 	st *state
 }
 
 // Timeout bounds a pass: its budget plus two claim timeouts.
-func (w *dispatchWorker) Timeout(job *river.Job[jobs.OutboxDispatch]) time.Duration {
+func (w *dispatchWorker) Timeout(job *river.Job[riverjob.OutboxDispatch]) time.Duration {
 	if d := w.st.dispatcher(job.Args.Dispatcher); d != nil {
 		return d.timeout()
 	}
@@ -350,7 +351,7 @@ func (w *dispatchWorker) Timeout(job *river.Job[jobs.OutboxDispatch]) time.Durat
 
 // Work runs a pass until no row is due (or the pass budget is spent: then it
 // enqueues a follow-up pass) and records the count in the job's output.
-func (w *dispatchWorker) Work(ctx context.Context, job *river.Job[jobs.OutboxDispatch]) error {
+func (w *dispatchWorker) Work(ctx context.Context, job *river.Job[riverjob.OutboxDispatch]) error {
 	d := w.st.dispatcher(job.Args.Dispatcher)
 	if d == nil {
 		return river.JobCancel(fault.New(fault.InvalidArgument, "outbox dispatcher %q is not registered in this worker process", job.Args.Dispatcher))

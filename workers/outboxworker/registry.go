@@ -14,6 +14,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 // Options configure the outbox machinery of one worker registry.
@@ -127,7 +128,7 @@ func (st *state) Install(reg *workers.Registry) error {
 		workers.AddMaintenanceWorker(reg, &dispatchWorker{st: st}),
 		workers.AddPeriodic(reg, river.NewPeriodicJob(retentionSchedule{st},
 			func() (river.JobArgs, *river.InsertOpts) {
-				return jobs.OutboxRetention{}, &river.InsertOpts{Queue: jobs.MaintenanceQueue, Tags: []string{"outbox"}}
+				return riverjob.OutboxRetention{}, &river.InsertOpts{Queue: jobs.MaintenanceQueue, Tags: []string{"outbox"}}
 			}, nil)),
 	)
 }

@@ -7,21 +7,21 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/bettercompute/bettercompute/domain/outbox"
-	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
-// retentionWorker prunes the event log: see jobs.OutboxRetention.
+// retentionWorker prunes the event log: see riverjob.OutboxRetention.
 type retentionWorker struct {
-	river.WorkerDefaults[jobs.OutboxRetention]
+	river.WorkerDefaults[riverjob.OutboxRetention]
 	st *state
 }
 
 // Work deletes, one bounded batch per transaction, the events every sink cursor
 // has passed and that are older than the replay window, until a batch comes
 // back short or RetentionMaxBatches ran. Idempotent: any process may run it.
-func (w *retentionWorker) Work(ctx context.Context, job *river.Job[jobs.OutboxRetention]) error {
+func (w *retentionWorker) Work(ctx context.Context, job *river.Job[riverjob.OutboxRetention]) error {
 	rt := workers.RuntimeFrom(ctx)
 	n, err := prune(ctx, rt.Pool(), w.st.options())
 	_ = river.RecordOutput(ctx, map[string]int{"deleted": n})

@@ -20,6 +20,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/tracing"
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 // addSink is the outbox's OnAdd for workers.AddSink: it checks s and keeps it.
@@ -107,7 +108,7 @@ func (st *state) startDelivery(ctx context.Context, rt *workers.Runtime, d outbo
 		if err != nil || !ok {
 			return err
 		}
-		res, err := jobs.InsertTx(ctx, tx, jobs.OutboxDeliver{Sink: d.Name}, deliverOpts())
+		res, err := jobs.InsertTx(ctx, tx, riverjob.OutboxDeliver{Sink: d.Name}, deliverOpts())
 		if err != nil {
 			return err
 		}
@@ -115,14 +116,14 @@ func (st *state) startDelivery(ctx context.Context, rt *workers.Runtime, d outbo
 	})
 }
 
-// deliverWorker delivers the next batches of one sink: see jobs.OutboxDeliver.
+// deliverWorker delivers the next batches of one sink: see riverjob.OutboxDeliver.
 type deliverWorker struct {
-	river.WorkerDefaults[jobs.OutboxDeliver]
+	river.WorkerDefaults[riverjob.OutboxDeliver]
 	st *state
 }
 
 // Timeout is the sink's own.
-func (w *deliverWorker) Timeout(job *river.Job[jobs.OutboxDeliver]) time.Duration {
+func (w *deliverWorker) Timeout(job *river.Job[riverjob.OutboxDeliver]) time.Duration {
 	if s := w.st.sink(job.Args.Sink); s != nil {
 		return s.Timeout + 5*time.Second
 	}
@@ -130,7 +131,7 @@ func (w *deliverWorker) Timeout(job *river.Job[jobs.OutboxDeliver]) time.Duratio
 }
 
 // NextRetry backs off 1 s, 2 s, 4 s … up to SinkMaxBackoff.
-func (w *deliverWorker) NextRetry(job *river.Job[jobs.OutboxDeliver]) time.Time {
+func (w *deliverWorker) NextRetry(job *river.Job[riverjob.OutboxDeliver]) time.Time {
 	return time.Now().Add(sinkBackoff(job.Attempt, w.st.options().SinkMaxBackoff))
 }
 
@@ -158,7 +159,7 @@ func sinkBackoff(attempt int, maxWait time.Duration) time.Duration {
 // A crash or a lost lease between 3 and 4 leaves the cursor where it was: the
 // batch is delivered again to Handle. HandleTx's writes commit in 4 with the
 // cursor, or not at all.
-func (w *deliverWorker) Work(ctx context.Context, job *river.Job[jobs.OutboxDeliver]) error {
+func (w *deliverWorker) Work(ctx context.Context, job *river.Job[riverjob.OutboxDeliver]) error {
 	name := job.Args.Sink
 	s := w.st.sink(name)
 	if s == nil {
@@ -202,7 +203,7 @@ func (w *deliverWorker) Work(ctx context.Context, job *river.Job[jobs.OutboxDeli
 type delivery struct {
 	st       *state
 	s        *workers.Sink
-	job      *river.Job[jobs.OutboxDeliver]
+	job      *river.Job[riverjob.OutboxDeliver]
 	db       *pg.Pool
 	l        lease.Lease
 	tp       trace.TracerProvider
@@ -420,7 +421,7 @@ func (d *delivery) finish(ctx context.Context, from outbox.SinkPosition, next ou
 			return err
 		}
 		if more && moved {
-			res, err := jobs.InsertTx(ctx, tx, jobs.OutboxDeliver{Sink: name}, deliverOpts())
+			res, err := jobs.InsertTx(ctx, tx, riverjob.OutboxDeliver{Sink: name}, deliverOpts())
 			if err != nil {
 				return err
 			}

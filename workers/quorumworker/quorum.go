@@ -49,6 +49,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/clock"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 // Applier applies a committed batch's items (b.Items, in order) inside tx, the
@@ -116,7 +117,7 @@ func Register(reg *workers.Registry, o *Options) error {
 // workers if they are not there yet). It returns INVALID_CONFIG for a bad kind,
 // a nil applier, or a kind that already has one.
 func AddApplier(reg *workers.Registry, kind string, fn Applier) error {
-	if err := jobs.ValidateKind(kind); err != nil {
+	if err := riverjob.ValidateKind(kind); err != nil {
 		return fault.Wrap(fault.InvalidConfig, err, "quorum applier")
 	}
 	if fn == nil {

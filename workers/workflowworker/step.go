@@ -19,17 +19,18 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/tracing"
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 // stepWorker runs one step of a workflow per job (see the package doc of
 // domain/workflow for the fences and the transitions).
 type stepWorker struct {
-	river.WorkerDefaults[jobs.WorkflowStep]
+	river.WorkerDefaults[riverjob.WorkflowStep]
 	p *part
 }
 
 // NextRetry is the step's own backoff.
-func (w *stepWorker) NextRetry(job *river.Job[jobs.WorkflowStep]) time.Time {
+func (w *stepWorker) NextRetry(job *river.Job[riverjob.WorkflowStep]) time.Time {
 	return time.Now().Add(w.retryOf(job.Args.Workflow, job.Args.Step).Delay(job.Attempt))
 }
 
@@ -47,7 +48,7 @@ func (w *stepWorker) retryOf(kind, step string) workflow.Retry {
 type exec struct {
 	w    *stepWorker
 	rt   *workers.Runtime
-	job  *river.Job[jobs.WorkflowStep]
+	job  *river.Job[riverjob.WorkflowStep]
 	l    lease.Lease
 	def  workflow.Definition // nil until the kind is known to this worker
 	meta workflow.Meta       // def's
@@ -83,7 +84,7 @@ const StepSpan = "bettercompute.workflow.step"
 // ran ({"seq": …, "step": …}), when it ran more than one inline.
 const JobStepsKey = "workflow_steps"
 
-func (w *stepWorker) Work(ctx context.Context, job *river.Job[jobs.WorkflowStep]) error {
+func (w *stepWorker) Work(ctx context.Context, job *river.Job[riverjob.WorkflowStep]) error {
 	rt := workers.RuntimeFrom(ctx)
 	if rt == nil {
 		return fault.New(fault.Internal, "workflow step job %d: no Runtime in its context", job.ID)
@@ -199,7 +200,7 @@ func (e *exec) attempt() int {
 }
 
 // args are the current step's job args, as a job of its own would carry them.
-func (e *exec) args() jobs.WorkflowStep {
+func (e *exec) args() riverjob.WorkflowStep {
 	a := e.job.Args
 	a.Step, a.Seq = e.step, e.seq
 	return a
@@ -225,7 +226,7 @@ func (e *exec) lock(ctx context.Context, tx pgx.Tx, f workers.Fence) (*workflow.
 // complete completes the job in tx, whose fence holds its row.
 func (e *exec) complete(ctx context.Context, tx pgx.Tx) error {
 	var id int64
-	err := tx.QueryRow(ctx, jobs.CompleteJobSQL, e.job.ID, time.Now(), string(e.jobMeta())).Scan(&id)
+	err := tx.QueryRow(ctx, riverjob.CompleteJobSQL, e.job.ID, time.Now(), string(e.jobMeta())).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fault.New(fault.Fenced, "job %d: completion found it no longer running", e.job.ID)
 	}
@@ -563,7 +564,7 @@ func (e *exec) handOver(ctx context.Context, step string, cause error) error {
 			return err
 		}
 		var id int64
-		err := tx.QueryRow(ctx, jobs.HandOverWorkflowSQL, e.job.Args.WorkflowID, e.seq, e.job.ID,
+		err := tx.QueryRow(ctx, riverjob.HandOverWorkflowSQL, e.job.Args.WorkflowID, e.seq, e.job.ID,
 			now.Add(sm.Retry.Delay(1)), msg, now, attempts, tracing.CauseOrNil(ctx)).Scan(&id)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return e.complete(ctx, tx) // the workflow moved on without this job (a cancel)

@@ -21,10 +21,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/bettercompute/bettercompute/domain/workflow"
-	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
 // Options configure the workflow machinery of a worker process.
@@ -67,7 +67,7 @@ type part struct {
 	metrics *metrics
 	// afterStep, set by tests, runs after a step's function and before its
 	// transaction commits (nil in production).
-	afterStep func(ctx context.Context, args jobs.WorkflowStep)
+	afterStep func(ctx context.Context, args riverjob.WorkflowStep)
 }
 
 func newPart() *part {
@@ -84,7 +84,7 @@ func (p *part) Install(r *workers.Registry) error {
 		workers.AddWorker(r, &stepWorker{p: p}),
 		workers.AddMaintenanceWorker(r, &pruneWorker{p: p}),
 		workers.AddPeriodic(r, river.NewPeriodicJob(pruneSchedule{p},
-			func() (river.JobArgs, *river.InsertOpts) { return jobs.WorkflowPrune{}, nil },
+			func() (river.JobArgs, *river.InsertOpts) { return riverjob.WorkflowPrune{}, nil },
 			nil, // not at start: River's leader would enqueue one at every election
 		)),
 		func() error {
@@ -229,11 +229,11 @@ func (s pruneSchedule) Next(t time.Time) time.Time {
 
 // pruneWorker deletes finished workflows past their retention.
 type pruneWorker struct {
-	river.WorkerDefaults[jobs.WorkflowPrune]
+	river.WorkerDefaults[riverjob.WorkflowPrune]
 	p *part
 }
 
-func (w *pruneWorker) Work(ctx context.Context, job *river.Job[jobs.WorkflowPrune]) error {
+func (w *pruneWorker) Work(ctx context.Context, job *river.Job[riverjob.WorkflowPrune]) error {
 	rt := workers.RuntimeFrom(ctx)
 	n, err := workflow.Prune(ctx, rt.Pool(), w.p.opts.Retention, 1000)
 	if n > 0 {
