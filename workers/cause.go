@@ -9,9 +9,9 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/tracing"
+	"github.com/bettercompute/bettercompute/workers/internal/lease"
 )
 
 // The spans of the work that application requests cause (platform/tracing):

@@ -7,10 +7,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/migrate"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers/internal/lease"
 	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
@@ -75,6 +75,44 @@ type WorkCollector struct {
 // WorkersRecent is how long after its last heartbeat a worker that holds no
 // lease is still reported (a process killed long ago drops out).
 const WorkersRecent = 10 * time.Minute
+
+// Worker is one worker identity's current incarnation as compute_workers and
+// compute_leases say: its host and pid, how long it has been silent, the
+// dead_after it declared and the leases it holds. Owner is its lease owner;
+// Silenced says whether standbys may take its leases now.
+type Worker = lease.Worker
+
+// ListWorkers lists, by identity, the worker identities that have not stopped
+// and either beat within recent (WorkersRecent for doctor and WorkCollector) or
+// still hold an unexpired lease.
+func ListWorkers(ctx context.Context, db pg.DBTX, recent time.Duration) ([]Worker, error) {
+	return lease.Workers(ctx, db, recent)
+}
+
+// Takeover is how many leases changed hands for one reason since the database
+// was created (Reason is one of the Takeover… constants), and the last of them.
+type Takeover = lease.Takeover
+
+// Why a lease changed hands: Takeover.Reason, and the reason label of the
+// bettercompute_lease_changes_total metric.
+const (
+	// TakeoverRestart: a later incarnation of the holder's worker identity
+	// took it (the identity restarted).
+	TakeoverRestart = lease.ReasonRestart
+	// TakeoverHeartbeatLost: the holder's heartbeat had stopped for longer
+	// than the dead_after it declared.
+	TakeoverHeartbeatLost = lease.ReasonHeartbeatLost
+	// TakeoverLeaseExpired: the holding had expired without a renewal.
+	TakeoverLeaseExpired = lease.ReasonLeaseExpired
+	// TakeoverReleased: the holder had released it, or had stopped gracefully.
+	TakeoverReleased = lease.ReasonReleased
+)
+
+// ListTakeovers returns the takeovers counted so far, one per reason, by
+// reason.
+func ListTakeovers(ctx context.Context, db pg.DBTX) ([]Takeover, error) {
+	return lease.Takeovers(ctx, db)
+}
 
 // NewWorkCollector returns a collector reading db.
 func NewWorkCollector(db *pg.Pool) *WorkCollector {

@@ -58,7 +58,7 @@
 // # Identity: restarts resume at once
 //
 // Each Runtime claims a new incarnation of its worker identity at start
-// (lease.Claim; Options.Identity, HOST/SLOT by default) and owns its leases, its
+// (Options.Identity, HOST/SLOT by default) and owns its leases, its
 // River client id and its jobs' attempted_by as IDENTITY#N. When the previous
 // incarnation is gone (killed, crashed, stopped), the new one takes its leases
 // at once with new epochs instead of waiting out their TTL, hands back its

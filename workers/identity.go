@@ -4,9 +4,9 @@ import (
 	"context"
 	"time"
 
-	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
+	"github.com/bettercompute/bettercompute/workers/internal/lease"
 	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 

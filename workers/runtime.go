@@ -19,7 +19,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/clock"
 	"github.com/bettercompute/bettercompute/platform/config"
@@ -27,6 +26,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/logging"
 	"github.com/bettercompute/bettercompute/platform/migrate"
 	"github.com/bettercompute/bettercompute/platform/pg"
+	"github.com/bettercompute/bettercompute/workers/internal/lease"
 	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
 
@@ -35,15 +35,15 @@ type Options struct {
 	Pool     *pg.Pool
 	Log      zerolog.Logger
 	Registry *Registry // nil: only the built-in workers
-	// Identity is this worker's stable identity (see lease.Claim): a restart
+	// Identity is this worker's stable identity: a restart
 	// with the same identity takes its predecessor's leases over at once. ""
 	// picks HOST/SLOT, the lowest slot on this host no running process holds.
 	Identity string
 	// Heartbeat is how often the incarnation records it is alive; default
-	// lease.HeartbeatEvery.
+	// config.DefaultHeartbeat.
 	Heartbeat time.Duration
 	// MissedBeats is how many heartbeats it may miss before any standby takes
-	// its shards; default lease.MissedBeats.
+	// its shards; default config.DefaultMissedBeats.
 	MissedBeats int
 	// Shards to serve. Empty: the process works only the maintenance queue.
 	Shards []int

@@ -12,9 +12,9 @@ import (
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/tracing"
+	"github.com/bettercompute/bettercompute/workers/internal/lease"
 )
 
 // Tracing of a worker process (Options.TracerProvider set; nothing of this

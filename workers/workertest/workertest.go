@@ -16,6 +16,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/internal/lease"
 )
 
 // Fast are the intervals tests use: a 4 s lease renewed every 0.4 s, and River
@@ -89,5 +90,38 @@ func WaitFor(tb testing.TB, timeout time.Duration, msg string, cond func() bool)
 			tb.Fatalf("timed out after %s waiting for: %s", timeout, msg)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Claim starts an incarnation of worker identity on host in db, as a Runtime's
+// start does, and returns its lease owner ("<identity>#<n>"). Nothing beats for
+// it afterwards: a test ages its heartbeat by updating compute_workers.seen_at.
+func Claim(tb testing.TB, db pg.DBTX, identity, host string) string {
+	tb.Helper()
+	inc, err := lease.Claim(context.Background(), db, lease.ClaimOptions{Identity: identity, Host: host})
+	if err != nil {
+		tb.Fatalf("workertest: claim %s: %v", identity, err)
+	}
+	return inc.Owner()
+}
+
+// HoldLeases acquires (or renews) each of names for owner for ttl by the
+// engine's rules, taking a name from its holder where those allow (it expired,
+// or its holder's incarnation is gone, counted in compute_lease_takeovers), and
+// fails the test unless owner holds every one afterwards.
+func HoldLeases(tb testing.TB, db pg.DBTX, owner string, ttl time.Duration, names ...string) {
+	tb.Helper()
+	ls, err := lease.AcquireMany(context.Background(), db, names, owner, ttl)
+	if err != nil {
+		tb.Fatalf("workertest: hold leases %v: %v", names, err)
+	}
+	held := map[string]string{}
+	for _, l := range ls {
+		held[l.Name] = l.Owner
+	}
+	for _, n := range names {
+		if held[n] != owner {
+			tb.Fatalf("workertest: lease %s is held by %q, not %s", n, held[n], owner)
+		}
 	}
 }

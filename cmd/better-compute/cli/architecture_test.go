@@ -67,7 +67,7 @@ func layer(path string) int {
 		return 1
 	case strings.HasPrefix(p, "domain/"):
 		return 2
-	case p == "workers", strings.HasPrefix(p, "workers/"): // workers/internal/riverjob too
+	case p == "workers", strings.HasPrefix(p, "workers/"): // workers/internal/... too
 		return 3
 	case p == "cmd/better-compute/cli":
 		return 4

@@ -14,13 +14,13 @@ import (
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
-	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/domain/workflow"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
+	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
 // doctorChecks are the names of doctor's checks on a migrated database, in order.
@@ -364,12 +364,9 @@ func TestDoctorShowsWorkersHeartbeatsAndTakeovers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	a, err := lease.Claim(ctx, db.Pool, lease.ClaimOptions{Identity: "host-a/0", Host: "host-a"})
-	require.NoError(t, err)
-	_, err = lease.AcquireMany(ctx, db.Pool, []string{workers.ShardLease(0), workers.ShardLease(1)}, a.Owner(), time.Hour)
-	require.NoError(t, err)
-	b, err := lease.Claim(ctx, db.Pool, lease.ClaimOptions{Identity: "host-b/0", Host: "host-b"})
-	require.NoError(t, err)
+	a := workertest.Claim(t, db.Pool, "host-a/0", "host-a")
+	workertest.HoldLeases(t, db.Pool, a, time.Hour, workers.ShardLease(0), workers.ShardLease(1))
+	b := workertest.Claim(t, db.Pool, "host-b/0", "host-b")
 
 	r := clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor")
 	require.Regexp(t, `(?m)^OK\s+workers\s+2 live: host-a/0#1 on host-a \(beat \d+(\.\d)?m?s ago, 2 leases\), host-b/0#1 on host-b \(beat \d+(\.\d)?m?s ago, standby\)$`, r.Stdout)
@@ -381,8 +378,7 @@ func TestDoctorShowsWorkersHeartbeatsAndTakeovers(t *testing.T) {
 	require.Regexp(t, `(?m)^FAIL\s+workers\s+host-a/0#1 \(host host-a, pid \d+\) holds 2 leases but has not beaten for 3\d(\.\d)?s \(dead after 2s\): no standby has taken them`, r.Stdout)
 
 	// b takes them: the workers check passes, the takeovers check counts them.
-	_, err = lease.AcquireMany(ctx, db.Pool, []string{workers.ShardLease(0), workers.ShardLease(1)}, b.Owner(), time.Hour)
-	require.NoError(t, err)
+	workertest.HoldLeases(t, db.Pool, b, time.Hour, workers.ShardLease(0), workers.ShardLease(1))
 	r = clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor")
 	require.Regexp(t, `(?m)^OK\s+workers\s+1 live: host-a/0#1 on host-a \(silent for 3\ds, taken for dead, standby\), host-b/0#1 on host-b \(beat .* ago, 2 leases\)$`, r.Stdout)
 	require.Regexp(t, `(?m)^OK\s+takeovers\s+leases changed hands: 2 after the holder's heartbeat stopped \(last \S+: shard/0 from host-a/0#1 to host-b/0#1\)$`, r.Stdout)

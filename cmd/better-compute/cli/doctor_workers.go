@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 )
@@ -19,7 +18,7 @@ const doctorListMax = 8
 // past its dead_after that still holds leases has no standby taking them.
 func (s *Session) doctorWorkers(ctx context.Context, db *pg.Pool, r *report) {
 	const name = "workers"
-	ws, err := lease.Workers(ctx, db, workers.WorkersRecent)
+	ws, err := workers.ListWorkers(ctx, db, workers.WorkersRecent)
 	if err != nil {
 		r.fail(name, err, "cannot list the workers")
 		return
@@ -53,7 +52,7 @@ func (s *Session) doctorWorkers(ctx context.Context, db *pg.Pool, r *report) {
 }
 
 // describeWorker is one worker in doctor's workers check.
-func describeWorker(w lease.Worker) string {
+func describeWorker(w workers.Worker) string {
 	state := fmt.Sprintf("beat %s ago", w.Silent.Round(100*time.Millisecond))
 	switch {
 	case w.Silenced():
@@ -73,7 +72,7 @@ func describeWorker(w lease.Worker) string {
 // system working; the workers and leases checks say whether one is stuck.
 func (s *Session) doctorTakeovers(ctx context.Context, db *pg.Pool, r *report) {
 	const name = "takeovers"
-	ts, err := lease.Takeovers(ctx, db)
+	ts, err := workers.ListTakeovers(ctx, db)
 	if err != nil {
 		r.fail(name, err, "cannot read the takeovers")
 		return
@@ -93,13 +92,13 @@ func (s *Session) doctorTakeovers(ctx context.Context, db *pg.Pool, r *report) {
 // takeoverReason says a reason of compute_lease_takeovers in words.
 func takeoverReason(reason string) string {
 	switch reason {
-	case lease.ReasonRestart:
+	case workers.TakeoverRestart:
 		return "at a restart of the holder's identity"
-	case lease.ReasonHeartbeatLost:
+	case workers.TakeoverHeartbeatLost:
 		return "after the holder's heartbeat stopped"
-	case lease.ReasonLeaseExpired:
+	case workers.TakeoverLeaseExpired:
 		return "after the holding expired"
-	case lease.ReasonReleased:
+	case workers.TakeoverReleased:
 		return "released by the holder"
 	}
 	return reason

@@ -17,7 +17,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/domain/backfill"
-	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/domain/outbox/outboxtest"
 	"github.com/bettercompute/bettercompute/domain/workflow"
@@ -28,6 +27,7 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/workers"
 	"github.com/bettercompute/bettercompute/workers/outboxworker"
+	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
 // The metrics tests' application (mx): a reconciler, a fenced task whose first
@@ -224,8 +224,7 @@ func TestServeMetricsReportTheDatabase(t *testing.T) {
 	db.MustExec(t, `INSERT INTO compute_workers (identity, incarnation, host, pid, seen_at, dead_after)
 		VALUES ('mx-host/0', 1, 'mx-host', 1, compute_now() - interval '4 seconds', interval '2 seconds')`)
 	db.MustExec(t, `INSERT INTO compute_leases (name, owner, epoch, expires_at) VALUES ('shard/6', 'mx-host/0#1', 1, compute_now() + interval '1 hour')`)
-	_, err = lease.Acquire(ctx, db.Pool, "shard/6", "mx-standby#1", time.Minute)
-	require.NoError(t, err)
+	workertest.HoldLeases(t, db.Pool, "mx-standby#1", time.Minute, "shard/6")
 	got = gather()
 	require.InDelta(t, 4, got["bettercompute_worker_heartbeat_age_seconds"].values["mx-host/0"], slack)
 	require.Equal(t, 2.0, got["bettercompute_worker_dead_after_seconds"].values["mx-host/0"])

@@ -69,9 +69,10 @@ ORDER BY w.identity`, recent.Seconds())
 	return ws, nil
 }
 
-// takeover is one reason's row of compute_lease_takeovers: how many leases
-// changed hands for it, and the last one.
-type takeover struct {
+// Takeover is one reason's row of compute_lease_takeovers: how many leases
+// changed hands for it (Reason is one of the Reason… constants), and the last
+// one.
+type Takeover struct {
 	Reason    string    `db:"reason"`
 	Count     int64     `db:"count"`
 	LastAt    time.Time `db:"last_at"`
@@ -81,13 +82,13 @@ type takeover struct {
 }
 
 // Takeovers returns the takeovers counted so far, by reason.
-func Takeovers(ctx context.Context, db pg.DBTX) ([]takeover, error) {
+func Takeovers(ctx context.Context, db pg.DBTX) ([]Takeover, error) {
 	rows, err := db.Query(ctx, `SELECT reason, count, last_at, last_lease, last_from, last_to
 FROM compute_lease_takeovers ORDER BY reason`)
 	if err != nil {
 		return nil, pg.Translate(err)
 	}
-	ts, err := pgx.CollectRows(rows, pgx.RowToStructByName[takeover])
+	ts, err := pgx.CollectRows(rows, pgx.RowToStructByName[Takeover])
 	return ts, pg.Translate(err)
 }
 

@@ -9,9 +9,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/bettercompute/bettercompute/domain/lease"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
+	"github.com/bettercompute/bettercompute/workers/internal/lease"
 )
 
 // takeovers reads compute_lease_takeovers: the count of each reason.
