@@ -30,7 +30,7 @@ func (CapacityHoldExpiry) Kind() string { return CapacityHoldExpiryKind }
 
 // InsertOpts makes the job unique by args among live jobs.
 func (CapacityHoldExpiry) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: liveStates}}
+	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: LiveStates}}
 }
 
 // UnmarshalJSON rejects args without a pool or a reservation, so a malformed job
@@ -48,9 +48,9 @@ func (a *CapacityHoldExpiry) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// liveStates are the states in which a unique job blocks a duplicate: every
+// LiveStates are the states in which a unique job blocks a duplicate: every
 // state but the finished ones, so a cancelled or discarded job can be replaced.
-var liveStates = []rivertype.JobState{
+var LiveStates = []rivertype.JobState{
 	rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRetryable,
 	rivertype.JobStateRunning, rivertype.JobStateScheduled,
 }

@@ -25,7 +25,7 @@ func (QuorumApply) Kind() string { return QuorumApplyKind }
 
 // InsertOpts makes the job unique by batch among live jobs.
 func (QuorumApply) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: liveStates}}
+	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: LiveStates}}
 }
 
 // UnmarshalJSON rejects args without a batch id.
@@ -59,7 +59,7 @@ func (QuorumExpiry) Kind() string { return QuorumExpiryKind }
 
 // InsertOpts makes the job unique by batch among live jobs.
 func (QuorumExpiry) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: liveStates}}
+	return river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: LiveStates}}
 }
 
 // UnmarshalJSON rejects args without a batch id.

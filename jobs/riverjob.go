@@ -29,9 +29,9 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
 
-// liveStatesSQL are the River states of a job that will still run, as an SQL
-// list.
-const liveStatesSQL = `('available', 'pending', 'running', 'scheduled', 'retryable')`
+// LiveStatesSQL are the River states of a job that will still run, as an SQL
+// list: LiveStates, for the statements here and the engine's (riverjob).
+const LiveStatesSQL = `('available', 'pending', 'running', 'scheduled', 'retryable')`
 
 // jobStateSQL reads a job's state as text: $1 id.
 const jobStateSQL = `SELECT state::text FROM river_job WHERE id = $1`
@@ -201,7 +201,7 @@ func InsertBackfillTx(ctx context.Context, tx pgx.Tx, args BackfillBatch, queue 
 const DueSinksSQL = `
 SELECT s.name, s.job_id FROM compute_sinks s
 WHERE s.name = ANY($1::text[]) AND NOT s.paused
-  AND NOT EXISTS (SELECT 1 FROM river_job j WHERE j.id = s.job_id AND j.state IN ` + liveStatesSQL + `)
+  AND NOT EXISTS (SELECT 1 FROM river_job j WHERE j.id = s.job_id AND j.state IN ` + LiveStatesSQL + `)
   AND EXISTS (SELECT 1 FROM compute_events e
               WHERE e.txid < pg_snapshot_xmin(pg_current_snapshot())
                 AND (e.txid, e.seq) > (s.cursor_txid, s.cursor_seq))`
@@ -416,7 +416,7 @@ const StuckWorkflowsSQL = `
 SELECT w.id, w.kind, w.step, coalesce(w.job_id, 0), coalesce(j.state::text, 'missing'), count(*) OVER ()
 FROM compute_workflows w LEFT JOIN river_job j ON j.id = w.job_id
 WHERE w.status IN ('running', 'sleeping', 'waiting', 'cancelling')
-  AND (j.id IS NULL OR j.state NOT IN ` + liveStatesSQL + `)
+  AND (j.id IS NULL OR j.state NOT IN ` + LiveStatesSQL + `)
 ORDER BY w.updated_at, w.id LIMIT 10`
 
 // JobState returns job id's state, and false when there is no such job.

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/rivertype"
 
 	"github.com/bettercompute/bettercompute/jobs"
 )
@@ -88,7 +87,7 @@ func (WorkflowPrune) Kind() string { return workflowPruneKind }
 
 // InsertOpts puts it in the maintenance queue, one at a time.
 func (WorkflowPrune) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{Queue: jobs.MaintenanceQueue, UniqueOpts: river.UniqueOpts{ByState: liveStates}}
+	return river.InsertOpts{Queue: jobs.MaintenanceQueue, UniqueOpts: river.UniqueOpts{ByState: jobs.LiveStates}}
 }
 
 // CapacityExpirySweep is the periodic, unfenced safety net of hold expiry: it
@@ -102,11 +101,3 @@ const CapacityExpirySweepKind = "capacity_expiry_sweep"
 
 // Kind implements river.JobArgs.
 func (CapacityExpirySweep) Kind() string { return CapacityExpirySweepKind }
-
-// liveStates are the states in which a unique job blocks a duplicate: every
-// state but the finished ones, so a cancelled or discarded job can be
-// replaced (as jobs' own list, and liveStatesSQL).
-var liveStates = []rivertype.JobState{
-	rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRetryable,
-	rivertype.JobStateRunning, rivertype.JobStateScheduled,
-}

@@ -24,10 +24,6 @@ import (
 	"github.com/bettercompute/bettercompute/platform/pg"
 )
 
-// liveStatesSQL are the River states of a job that will still run, as an SQL
-// list (liveStates, as jobs' own list).
-const liveStatesSQL = `('available', 'pending', 'running', 'scheduled', 'retryable')`
-
 // --- Fences and hand-backs of worker processes (workers) ---
 
 // anotherAttemptRunningSQL: see AnotherAttemptRunning.
@@ -262,7 +258,7 @@ SELECT r.pool_id, r.id FROM capacity_reservations r
  WHERE r.state = 'hold' AND r.expires_at <= compute_now() - make_interval(secs => $1)
    AND NOT EXISTS (
        SELECT 1 FROM river_job j
-        WHERE j.kind = '` + jobs.CapacityHoldExpiryKind + `' AND j.state IN ` + liveStatesSQL + `
+        WHERE j.kind = '` + jobs.CapacityHoldExpiryKind + `' AND j.state IN ` + jobs.LiveStatesSQL + `
           AND j.args @> jsonb_build_object('reservation_id', r.id))
  ORDER BY r.expires_at, r.id LIMIT $2
    FOR SHARE OF r SKIP LOCKED`
