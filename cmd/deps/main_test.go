@@ -122,10 +122,10 @@ func TestMissingLineSaysSudoWhenNotRoot(t *testing.T) {
 	require.Contains(t, missingLine(tools, true, false), "with your package manager (on Debian or Ubuntu: `sudo apt-get install -y pgbouncer`)")
 }
 
-// TestReadmeShowsTheLine: the README's example of the refusal is what a user
-// without the rights to install sees.
-func TestReadmeShowsTheLine(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+// TestGettingStartedShowsTheLine: the getting-started guide's example of the
+// refusal is what a user without the rights to install sees.
+func TestGettingStartedShowsTheLine(t *testing.T) {
+	readme, err := os.ReadFile("../../docs/getting-started.md")
 	require.NoError(t, err)
 	require.Contains(t, string(readme),
 		"```text\n"+missingLine([]prereq.Tool{prereq.PgBouncer, prereq.Chromium}, true, true)+"\n```")

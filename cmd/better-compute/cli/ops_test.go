@@ -333,8 +333,8 @@ func opsExpressions(dashJSON, alertsYAML []byte) (map[string]string, []string) {
 				problems = append(problems, where+": no labels.severity")
 			case r.Annotations["summary"] == "" || r.Annotations["description"] == "":
 				problems = append(problems, where+": no summary or description")
-			case !strings.Contains(r.Annotations["runbook_url"], "README.md#doctor"):
-				problems = append(problems, where+": its runbook_url is not the README's doctor section")
+			case !strings.Contains(r.Annotations["runbook_url"], "docs/operating.md#doctor"):
+				problems = append(problems, where+": its runbook_url is not the operating guide's doctor section")
 			}
 			if r.Expr != "" {
 				exprs[where] = r.Expr

@@ -2,10 +2,7 @@ package cli_test
 
 import (
 	"bytes"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,10 +14,6 @@ import (
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
-// readmeFile is a block of README.md marked to be extracted: the line
-// <!-- readme-test: PATH --> right before its fence.
-var readmeFile = regexp.MustCompile("(?s)<!-- readme-test: (\\S+) -->\n```[a-z]*\n(.*?)\n```\n")
-
 // TestReadmeProgramBuildsAndRuns extracts the application the README's "Using it
 // from an application" shows (its main.go and its migrations), builds it against
 // this module, and runs it as a user would: --help lists its own command,
@@ -29,7 +22,7 @@ var readmeFile = regexp.MustCompile("(?s)<!-- readme-test: (\\S+) -->\n```[a-z]*
 // The README cannot drift from the API, or from what works.
 func TestReadmeProgramBuildsAndRuns(t *testing.T) {
 	t.Parallel()
-	bin := buildReadmeProgram(t, "shop", "shop/main.go", "shop/migrations/0001_orders.sql", "shop/migrations/0002_tax.sql")
+	bin := buildReadmeProgram(t, "shop", "main.go", "migrations/0001_orders.sql", "migrations/0002_tax.sql")
 	db := pgtest.New(t, pgtest.Options{Empty: true})
 	env := processEnv(dbEnv(db)...)
 	shop := programRunner(t, bin, env)
@@ -74,58 +67,14 @@ func TestReadmeProgramBuildsAndRuns(t *testing.T) {
 	worker.stop(t)
 }
 
-// buildReadmeProgram extracts the README's blocks of program name (marked
+// buildReadmeProgram extracts the docs' blocks of program name (marked
 // <!-- readme-test: name/… -->; want are the paths it must have), writes them
 // inside the module (so they build against this code) in a directory that
 // ./... skips, and builds the program.
 func buildReadmeProgram(t *testing.T, name string, want ...string) string {
 	t.Helper()
-	pkg := extractReadmeProgram(t, name, want...)
+	pkg := extractDocProgram(t, name, want...)
 	return buildPkg(t, t.TempDir(), pkg)
-}
-
-// extractReadmeProgram writes the README's blocks of program name (want are
-// the paths it must have) inside the module, in a directory that ./... skips,
-// and returns the program's import path.
-func extractReadmeProgram(t *testing.T, name string, want ...string) string {
-	t.Helper()
-	root, err := filepath.Abs("../../..")
-	require.NoError(t, err)
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	require.NoError(t, err)
-	files := map[string]string{}
-	for _, b := range readmeFile.FindAllSubmatch(readme, -1) {
-		if strings.HasPrefix(string(b[1]), name+"/") {
-			files[string(b[1])] = string(b[2]) + "\n"
-		}
-	}
-	for _, path := range want {
-		require.Contains(t, files, path, "the README marks %s", path)
-	}
-	dir, err := os.MkdirTemp(root, "_readme-")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	for path, body := range files {
-		p := filepath.Join(dir, filepath.FromSlash(path))
-		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
-		require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
-	}
-	return "github.com/bettercompute/bettercompute/" + filepath.Base(dir) + "/" + name
-}
-
-// TestReadmeProgramTestPasses runs, with go test, the tests the README shows
-// for its shop and checkout programs, written with the application test kit
-// (clitest): the kit's examples cannot drift from the kit, or from what works.
-func TestReadmeProgramTestPasses(t *testing.T) {
-	t.Parallel()
-	shop := extractReadmeProgram(t, "shop", "shop/main.go", "shop/main_test.go", "shop/migrations/0001_orders.sql")
-	checkout := extractReadmeProgram(t, "checkout", "checkout/main.go", "checkout/main_test.go", "checkout/migrations/0001_stock.sql")
-	cmd := exec.Command("go", "test", "-count=1", "-v", shop, checkout)
-	cmd.Dir = "../../.."
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	require.Contains(t, string(out), "--- PASS: TestPlaceOrder")
-	require.Contains(t, string(out), "--- PASS: TestCheckout")
 }
 
 // programRunner runs bin with args in env and returns its exit code and output.

@@ -8,11 +8,16 @@ import (
 	"github.com/bettercompute/bettercompute/platform/config"
 )
 
-// TestReadmeDocumentsEveryVariable keeps the README's configuration table in step
-// with the code: every BETTER_COMPUTE_ variable, with its flag, is documented,
-// and the two set-up commands are shown.
-func TestReadmeDocumentsEveryVariable(t *testing.T) {
-	b, err := os.ReadFile("../../../README.md")
+// TestDocsDocumentEveryVariable keeps the operating guide's configuration table
+// in step with the code: every BETTER_COMPUTE_ variable, with its flag, is
+// documented; and the README shows the two commands.
+func TestDocsDocumentEveryVariable(t *testing.T) {
+	b, err := os.ReadFile("../../../docs/operating.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	guide := string(b)
+	b, err = os.ReadFile("../../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -22,8 +27,8 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range c.Fields() {
-		if !strings.Contains(readme, "`"+f.Env+"`") || !strings.Contains(readme, "`--"+f.Flag+"`") {
-			t.Errorf("README.md does not document %s (--%s)", f.Env, f.Flag)
+		if !strings.Contains(guide, "`"+f.Env+"`") || !strings.Contains(guide, "`--"+f.Flag+"`") {
+			t.Errorf("docs/operating.md does not document %s (--%s)", f.Env, f.Flag)
 		}
 	}
 	for _, cmd := range []string{"go tool task dev", "go tool task test"} {

@@ -18,7 +18,7 @@ import (
 // compensation gives the unit back, and workflow show.
 func TestReadmeWorkflowProgramBuildsAndRuns(t *testing.T) {
 	t.Parallel()
-	bin := buildReadmeProgram(t, "checkout", "checkout/main.go", "checkout/migrations/0001_stock.sql")
+	bin := buildReadmeProgram(t, "checkout", "main.go", "migrations/0001_stock.sql")
 	db := pgtest.New(t, pgtest.Options{Empty: true})
 	env := processEnv(dbEnv(db)...)
 	run := programRunner(t, bin, env)
