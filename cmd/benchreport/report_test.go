@@ -246,3 +246,32 @@ func TestRunMain(t *testing.T) {
 
 	require.Error(t, runMain([]string{filepath.Join(dir, "missing.txt")}, nil, &bytes.Buffer{}))
 }
+
+// TestBenchmarksPageKeepsTheTable: docs/benchmarks.md shows the table this
+// command makes, one line for each row of rows (a row whose benchmark has
+// sub-benchmarks, one line each), with its header, and says when and on what
+// machine it was measured.
+func TestBenchmarksPageKeepsTheTable(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../docs/benchmarks.md")
+	require.NoError(t, err)
+	page := string(b)
+	require.Contains(t, page, "| what | ours | peer | ratio | target | met? |\n| --- | --- | --- | --- | --- | --- |\n")
+	require.Regexp(t, `Measured \d{4}-\d{2}-\d{2} [0-9:]+ UTC on [^,]+, [^,]+, \d+ cores, PostgreSQL \d+`, page)
+	var lines []string
+	for _, l := range strings.Split(page, "\n") {
+		if strings.HasPrefix(l, "| ") && !strings.HasPrefix(l, "| what |") && !strings.HasPrefix(l, "| --- |") {
+			lines = append(lines, l)
+		}
+	}
+	for _, r := range rows {
+		found := false
+		for _, l := range lines {
+			if strings.HasPrefix(l, "| "+r.What+" (`Benchmark"+strings.SplitN(r.Bench, "/", 2)[0]) {
+				found = true
+				break
+			}
+		}
+		require.True(t, found, "docs/benchmarks.md has no line for the row %q (%s)", r.What, r.Bench)
+	}
+}
