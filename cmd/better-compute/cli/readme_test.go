@@ -1,7 +1,10 @@
 package cli_test
 
 import (
+	"io/fs"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -35,5 +38,51 @@ func TestDocsDocumentEveryVariable(t *testing.T) {
 		if !strings.Contains(readme, cmd) {
 			t.Errorf("README.md does not show %q", cmd)
 		}
+	}
+}
+
+// TestDocsNameOnlyRealVariables: every BETTER_COMPUTE_ variable a page names
+// is one the configuration reads, or one a test or task reads (named in the
+// code or the Taskfile): a renamed variable leaves no stale doc.
+func TestDocsNameOnlyRealVariables(t *testing.T) {
+	c, err := config.Load(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := map[string]bool{}
+	for _, f := range c.Fields() {
+		known[f.Env] = true
+	}
+	var code strings.Builder
+	root := moduleRoot(t)
+	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && p != root && (strings.HasPrefix(d.Name(), ".") || strings.HasPrefix(d.Name(), "_")) {
+			return filepath.SkipDir
+		}
+		if strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "Taskfile.yml") {
+			b, err := os.ReadFile(p)
+			code.Write(b)
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	variable := regexp.MustCompile(`BETTER_COMPUTE_[A-Z0-9_]*[A-Z0-9]`)
+	n := 0
+	for page, text := range docPages(t) {
+		for _, v := range variable.FindAllString(text, -1) {
+			n++
+			if !known[v] && !strings.Contains(code.String(), `"`+v+`"`) && !strings.Contains(code.String(), v+`=`) {
+				t.Errorf("%s names %s, which the configuration does not read", page, v)
+			}
+		}
+	}
+	if n < 50 {
+		t.Errorf("the pages name %d variables; expected the configuration guide's table at least", n)
 	}
 }
