@@ -38,7 +38,7 @@ var (
 //
 // When ctx has a sampled span (the application's request, traced), the job's
 // metadata records it as "traceparent", so the job's work span is in the
-// request's trace (README "One trace from the request to the delivery").
+// request's trace (docs/operating.md, "One trace from the request to the delivery").
 func InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error) {
 	inserterOnce.Do(func() {
 		inserter, inserterErr = river.NewClient(riverpgxv5.New(nil), &river.Config{

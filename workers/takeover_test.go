@@ -30,7 +30,7 @@ func takeoverEnv(id string) []string {
 }
 
 // takeoverRounds is the number of kill rounds: a few in the default suite;
-// BETTER_COMPUTE_TAKEOVER_ROUNDS=20 for the figures of the README.
+// BETTER_COMPUTE_TAKEOVER_ROUNDS=20 for the figures of docs/operating.md.
 func takeoverRounds(t *testing.T, def int) int {
 	return envInt(t, "BETTER_COMPUTE_TAKEOVER_ROUNDS", def)
 }

@@ -1,5 +1,5 @@
 // Command benchreport reads `go test -bench` output (files, or standard input)
-// and prints the README's benchmark table in Markdown: for each row of rows.go,
+// and prints docs/benchmarks.md's table in Markdown: for each row of rows.go,
 // our figure, the peer it ran beside, the ratio, the target and whether it is
 // met, under a line with the date and the machine.
 //

@@ -26,7 +26,7 @@ func (n *planNode) touched(rel string) (rows float64, types []string) {
 	return rows, types
 }
 
-// TestReadTouchesRowsProportionalToTheBatch: README "Rows are read
+// TestReadTouchesRowsProportionalToTheBatch: docs/outbox.md "Rows are read
 // proportionally to the batch, whatever the size of the log". The log's read
 // (for sinks, and the SSE stream's with the horizon) of 10 events, after a
 // cursor near the start or near the end of a log of 20,200 events, with or

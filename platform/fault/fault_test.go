@@ -12,7 +12,7 @@ import (
 )
 
 // TestCodesAreStable: the codes' strings are the contract scripts and alerts
-// match on (README, Configuration): they never change.
+// match on (docs/operating.md, Configuration): they never change.
 func TestCodesAreStable(t *testing.T) {
 	t.Parallel()
 	for code, want := range map[fault.Code]string{

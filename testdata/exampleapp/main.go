@@ -1,4 +1,4 @@
-// Command exampleapp is an application built on Better Compute, as the README
+// Command exampleapp is an application built on Better Compute, as docs/applications.md
 // shows: its main hands its module (migrations, a reconciler, a fenced task and a
 // workflow) to cli.Main and gets the whole binary. Tests build it and run it as worker processes.
 //

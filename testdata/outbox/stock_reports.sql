@@ -1,6 +1,6 @@
 -- An application-owned outbox table for the table dispatcher (seed 003, "Create
 -- the table"), with the two indexes that keep a claim proportional to its batch.
--- Tests load it; the README (The outbox) shows it.
+-- Tests load it; docs/outbox.md shows it.
 CREATE SCHEMA IF NOT EXISTS inventory;
 
 CREATE TABLE IF NOT EXISTS inventory.items (

@@ -307,7 +307,7 @@ func TestDispatcherBatchOutlivingClaimTimeoutStartsNoFurtherPublish(t *testing.T
 	require.Zero(t, pending(t, db))
 }
 
-// TestDispatcherPublishes16KeysAtOnceByDefault: README "different keys in
+// TestDispatcherPublishes16KeysAtOnceByDefault: docs/outbox.md "different keys in
 // parallel (16 at once by default)", and a batch of 100 rows by default: with
 // 40 keys pending and every publish held, 16 are in flight, never a 17th.
 func TestDispatcherPublishes16KeysAtOnceByDefault(t *testing.T) {
@@ -349,7 +349,7 @@ func TestDispatcherPublishes16KeysAtOnceByDefault(t *testing.T) {
 	require.Equal(t, 10*time.Second, dd.interval(), "ReconcileInterval 10 s by default")
 }
 
-// TestDispatcherPassesRunPeriodically: README "Passes run as River jobs …
+// TestDispatcherPassesRunPeriodically: docs/outbox.md "Passes run as River jobs …
 // every ReconcileInterval": with no Notify, passes keep running (one at start,
 // then one an interval apart), and rows written without Notify are published
 // by one of them.

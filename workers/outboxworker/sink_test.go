@@ -261,7 +261,7 @@ func TestAddSinkValidates(t *testing.T) {
 	require.ErrorContains(t, Register(reg, &Options{PollEvery: -1}), "negative")
 }
 
-// TestSinkRetryScheduleDoublesUpToTheMax: the README's backoff between a
+// TestSinkRetryScheduleDoublesUpToTheMax: docs/outbox.md's backoff between a
 // sink's failed deliveries, 1, 2, 4 … 60 s (SinkMaxBackoff's default): after
 // the n-th failure River's job is scheduled that long after the handler
 // returned its error. So that the schedule is seen to its cap without waiting
@@ -326,7 +326,7 @@ func TestSinkRetryScheduleDoublesUpToTheMax(t *testing.T) {
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM river_job WHERE kind = 'outbox_deliver'`), "one job, retried by River")
 }
 
-// TestDeadSinkHolderHandedOverWithinOneTTL: README "A dead process's delivery
+// TestDeadSinkHolderHandedOverWithinOneTTL: docs/outbox.md "A dead process's delivery
 // is handed to another within one lease TTL". A worker process holding sink
 // s's lease mid-delivery is killed (-9) beside a running one; the survivor's
 // handler gets the batch within one TTL of the kill, plus a margin for the
@@ -365,7 +365,7 @@ func TestDeadSinkHolderHandedOverWithinOneTTL(t *testing.T) {
 	require.Equal(t, ids, receivedBy(t, db.Pool, "survivor")[:len(ids)], "the whole batch, in order")
 }
 
-// TestPausingASinkLetsTheBatchInFlightComplete: README "sinks pause: no new
+// TestPausingASinkLetsTheBatchInFlightComplete: docs/outbox.md "sinks pause: no new
 // delivery starts (a batch in flight completes)". The sink is paused while its
 // handler holds the first of three full batches: that batch's cursor advance
 // commits, and nothing more is delivered while it is paused (another sink shows

@@ -256,7 +256,7 @@ func TestSignalDuringAFinishingStep(t *testing.T) {
 // signal's row updated (consumeSQL), the workflow's row updated with a wait
 // (which arms the barrier), COMMIT. Before the fix the repeat took the row
 // FOR KEY SHARE, then waited in its insert's unique check for the step, whose
-// COMMIT waited for that lock: deadlock (40P01), as the README's checkout
+// COMMIT waited for that lock: deadlock (40P01), as docs/workflows.md's checkout
 // program met it when paid twice.
 func TestARepeatedSignalDuringItsConsumptionDoesNotDeadlock(t *testing.T) {
 	t.Parallel()

@@ -98,7 +98,7 @@ func (w *writers) waitOps(t *testing.T, n int64) {
 	workertest.WaitFor(t, 30*time.Second, "writers at work", func() bool { return w.ops.Load() >= target })
 }
 
-// The worked example of the README (Backfills), stage by stage, with the previous
+// The worked example of docs/backfills.md, stage by stage, with the previous
 // release's writers running all along: expand (0002) while release 1 writes;
 // backfill while release 1 adds and renames items; cut over (release 3 writes
 // and reads the new column) while release 2 still writes; clean up (0003, NOT

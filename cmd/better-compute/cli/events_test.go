@@ -275,7 +275,7 @@ func TestEventStreamOverHTTP(t *testing.T) {
 
 	url := base + "v1/events?topics=orders&from=start&heartbeat=1"
 	recs, drop := sseConnect(t, url, user, pass, "")
-	// The README: the stream opens with "retry: 1000" (a client reconnects
+	// docs/outbox.md: the stream opens with "retry: 1000" (a client reconnects
 	// after 1 s), then the id it starts from, before any event.
 	first := recvSSE(t, recs)
 	require.Equal(t, "1000", first.Retry, "the opening record's retry: line, %+v", first)

@@ -86,3 +86,15 @@ func TestDocsNameOnlyRealVariables(t *testing.T) {
 		t.Errorf("the pages name %d variables; expected the configuration guide's table at least", n)
 	}
 }
+
+// TestReadmeIsShort: the README is the front door, at most 400 lines; the
+// guides in docs/ hold the rest.
+func TestReadmeIsShort(t *testing.T) {
+	b, err := os.ReadFile("../../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "\n"); n > 400 {
+		t.Errorf("README.md has %d lines; keep it to 400 and move the rest to a guide in docs/", n)
+	}
+}

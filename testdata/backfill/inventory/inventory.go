@@ -1,4 +1,4 @@
-// Package inventory is the worked example of the README's Backfills section: an application
+// Package inventory is the worked example of docs/backfills.md: an application
 // module that adds a column to a table in the four stages expand, backfill, cut
 // over, clean up, each tolerating another instance that still runs the stage
 // before it.

@@ -108,8 +108,8 @@
 //     only paused or cut off is fenced as after any takeover (its next fenced
 //     transaction finds the new epoch), and its renewal finds the names taken.
 //   - A live holder keeps its leases under load: a beat is late only by what
-//     delays its statement, and dead_after is several beats (see the README's
-//     operating section for the margins).
+//     delays its statement, and dead_after is several beats (see docs/operating.md,
+//     "A standby on another host", for the margins).
 //   - A process that beats again after a silence longer than its dead_after
 //     (Hooks.Resumed) checks its leases at once (Keeper.Wake), so a paused
 //     process learns of a takeover within one round of waking.
