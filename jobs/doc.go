@@ -17,7 +17,7 @@
 // shard's lease works.
 //
 // An application's own job kind (registered with workers.AddWorker) is fenced:
-// InsertForKeyTx puts it in the shard queue of a key, in the caller's
+// workers.InsertForKeyTx puts it in the shard queue of a key, in the caller's
 // transaction. Its kind is recorded in compute_fenced_kinds (at migrate and
 // worker start, by workers/internal/riverjob.RecordFencedKinds), and a trigger
 // on river_job refuses a job of a recorded kind in any other queue
@@ -26,26 +26,23 @@
 //	no job ──InsertForKeyTx(key)──▶ available in shard_<ShardOf(key)>
 //	no job ──InsertTx(queue default)──▶ refused (fenced kind) | available (other kind)
 //
-// # DirtyTx: a work queue in compute_dirty, batches on River
+// # DirtyTx: a work queue in compute_dirty
 //
-// DirtyTx marks a key of a reconciler kind as needing a reconcile, in the caller's
-// transaction, with one statement: the SQL function compute_mark_dirty, which
-// triggers and other languages call the same way. It upserts the key's row in
-// compute_dirty and inserts no River job; the holder of the key's shard claims
-// due keys from that table in batches, each batch one River job
-// (of kind ReconcileBatchKind), reconciled in one fenced transaction:
+// workers.DirtyTx marks a key of a reconciler kind as needing a reconcile, in
+// the caller's transaction, with one statement: the SQL function
+// compute_mark_dirty, which triggers and other languages call the same way. It
+// upserts the key's row in compute_dirty and inserts no River job:
 //
 //	no row ──DirtyTx──▶ waiting (row gen=1, job_id NULL, not_before)
 //	waiting ──DirtyTx──▶ waiting (gen+1; the earlier not_before wins)
-//	waiting ──claim (due, FOR UPDATE SKIP LOCKED)──▶ claimed (job_id = the batch's job, running)
-//	claimed ──DirtyTx──▶ claimed (gen+1; no second run: the key has one live job)
-//	claimed ──run commits, gen unchanged──▶ no row
-//	claimed ──run commits, gen moved──▶ waiting (claimed again at not_before)
-//	claimed ──its reconcile fails──▶ own job (job_id = a Reconcile job, retryable with River's backoff)
-//	own job ──succeeds──▶ no row | waiting  ──cancelled or discarded, then DirtyTx──▶ waiting
 //
-// A key therefore has at most one live River job, a wake-up during a run is never
-// lost, and the row commits or rolls back with the caller's change.
+// The holder of the key's shard takes due keys from that table in batches,
+// each batch one fenced transaction that writes no River job; a key that fails
+// alone becomes a River job of its own. What happens to a key from there is
+// drawn once, in workers/reconcile.go. (A batch River job, kind
+// ReconcileBatchKind, is what an older binary claimed; workers still work one.)
+// A wake-up during a run is never lost, and the row commits or rolls back with
+// the caller's change.
 //
 // Call DirtyTx after the transaction's own writes (as seed 003 writes its outbox row
 // after the UPDATE that locks the item): the reconcile of the key locks the dirty
@@ -65,7 +62,7 @@
 //
 //	no row ──DirtyTx (request A)──▶ waiting, trace_links {A}
 //	waiting ──DirtyTx (request B)──▶ waiting, trace_links {A, B}
-//	waiting ──claim──▶ claimed, trace_claimed {A, B}, trace_links NULL (a later dirty starts afresh)
+//	waiting ──taken by a batch──▶ trace_claimed {A, B}, trace_links NULL (a later dirty starts afresh)
 //
 // The reconcile's span (workers: bettercompute.reconcile) has the first cause of
 // its batch as parent when it has no other (the claimed path, where no River span

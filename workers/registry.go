@@ -29,8 +29,8 @@ type Reconciler struct {
 	// Batch is how many due keys of this reconciler and one shard one fenced
 	// transaction may reconcile, claimed together and committed together.
 	// Default 32; 1 reconciles one key per transaction. If a key fails, the
-	// transaction is redone one key per transaction, and only the failing key
-	// leaves the batch, to retry as its own River job.
+	// transaction is rolled back, the failing key leaves the batch to retry as
+	// its own River job, and the rest is redone in one transaction.
 	Batch int
 }
 

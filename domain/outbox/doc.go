@@ -5,7 +5,7 @@
 //
 // # The event log
 //
-// Append writes events (topic, key, JSON payload) in the caller's transaction
+// AppendTx writes events (topic, key, JSON payload) in the caller's transaction
 // to compute_events; each row carries txid = pg_current_xact_id() and a seq. It
 // is one statement: a single event is CALL compute_append_event (migration
 // outbox/0003_append), whose INSERT the server keeps planned per connection.
