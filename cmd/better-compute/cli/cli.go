@@ -200,7 +200,7 @@ func Run(ctx context.Context, app App, args []string, env Env) int {
 	s := &Session{App: &app, Config: cfg, Env: env}
 	fset := flag.NewFlagSet(app.name()+" "+cmd.name, flag.ContinueOnError)
 	fset.SetOutput(io.Discard)
-	fset.BoolVar(&s.Dev, "dev", false, "allow an embedded: database URL (development only)")
+	fset.BoolVar(&s.Dev, "dev", false, "allow an embedded: database URL (development only); without BETTER_COMPUTE_DATABASE_URL, the application's dev database")
 	fset.BoolVar(&s.NoMigrate, "no-migrate", false, "do not run migrations on start")
 	if err := bindFlags(fset, cmd, cfg); err != nil {
 		return printErr(env.Stderr, err)
@@ -216,6 +216,10 @@ func Run(ctx context.Context, app App, args []string, env Env) int {
 	}
 	if err := cmd.opts.Validate(pos); err != nil {
 		return printErr(env.Stderr, err)
+	}
+	if s.Dev && s.Config.DatabaseURL == "" {
+		// --dev names no database: the application's own, as dev and db use.
+		s.Config.DatabaseURL = app.DevDatabase()
 	}
 	defer s.close()
 	if err := cmd.run(ctx, s, pos); err != nil {

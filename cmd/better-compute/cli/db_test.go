@@ -69,7 +69,7 @@ func postmasterPID(t *testing.T, dataDir string) int {
 // $(… db start) works), leaving the server answering, its URL in
 // .better-compute/database-url (mode 0600). A second db start reuses it.
 // migrate --dev, a worker --dev process and workflow list --dev on the
-// embedded: URL, and doctor on the printed URL, each leave it running, the same
+// embedded: URL (and migrate --dev with no URL set, which means it), and doctor on the printed URL, each leave it running, the same
 // server throughout. db url prints the URL, also with the printed postgres://
 // URL exported; db stop stops it and removes the file, after which db url and
 // db stop fail with NOT_FOUND.
@@ -130,6 +130,14 @@ func TestDBKeepsAClusterForSeveralProcesses(t *testing.T) {
 	code, _, stderr = run([]string{embeddedURL}, "migrate", "--dev")
 	require.Equal(t, 0, code, stderr)
 	up("migrate --dev")
+	// --dev without a URL is the binary's dev database, the one db started;
+	// without --dev there is no database at all.
+	code, _, stderr = run(nil, "migrate", "--dev")
+	require.Equal(t, 0, code, stderr)
+	up("migrate --dev with no URL set")
+	code, _, stderr = run(nil, "migrate")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "INVALID_CONFIG: BETTER_COMPUTE_DATABASE_URL: not set")
 
 	worker, wout, werr := command([]string{embeddedURL, "BETTER_COMPUTE_LISTEN=127.0.0.1:0"}, "worker", "--dev")
 	require.NoError(t, worker.Start())
