@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -24,20 +23,19 @@ const module = "github.com/bettercompute/bettercompute/"
 
 // listed is what go list -json says of a package.
 type listed struct {
-	ImportPath string
-	Imports    []string
-	Deps       []string
-	GoFiles    []string
-	Dir        string
+	ImportPath                string
+	Imports                   []string
+	Deps                      []string
+	GoFiles                   []string
+	TestGoFiles, XTestGoFiles []string
+	Dir                       string
 }
 
 // goList is `go list -json` of args, run from the module's root.
 func goList(t *testing.T, args ...string) []listed {
 	t.Helper()
-	_, here, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(here), "..", "..", "..")
 	cmd := exec.Command("go", append([]string{"list", "-json"}, args...)...)
-	cmd.Dir = root
+	cmd.Dir = moduleRoot(t)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -54,6 +52,23 @@ func goList(t *testing.T, args ...string) []listed {
 		pkgs = append(pkgs, p)
 	}
 	return pkgs
+}
+
+// sourceFiles are the paths of the module's Go files (and the example
+// application's), without the tests, or with them.
+func sourceFiles(t *testing.T, tests bool) []string {
+	t.Helper()
+	var files []string
+	for _, p := range goList(t, "./...", "./testdata/exampleapp") {
+		names := p.GoFiles
+		if tests {
+			names = append(append(names, p.TestGoFiles...), p.XTestGoFiles...)
+		}
+		for _, f := range names {
+			files = append(files, filepath.Join(p.Dir, f))
+		}
+	}
+	return files
 }
 
 // layer is a package's layer in ARCHITECTURE.md: a package may import its own

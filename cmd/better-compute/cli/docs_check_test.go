@@ -6,7 +6,6 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -34,6 +33,7 @@ var (
 	goSymbol    = regexp.MustCompile(`\b([a-z][a-z0-9]*)\.([A-Z][A-Za-z0-9_]*)(?:\.([A-Z][A-Za-z0-9_]*))?`)
 	fenceLine   = regexp.MustCompile("^```")
 	taskName    = regexp.MustCompile(`(?m)^  ([a-z][a-z:]*):\s*$`)
+	verbsUsage  = regexp.MustCompile(`(?m)^Usage: \S+ \S+ \[flags\] (.*\|.*)$`)
 	commandName = regexp.MustCompile(`Name:\s+"([a-z][a-z0-9-]*)"`)
 )
 
@@ -136,90 +136,77 @@ func TestDocsLinksResolve(t *testing.T) {
 // goNames returns, by package name, the exported names of the module's
 // packages (tests and extracted programs aside): top-level names, and
 // Type.Method and Type.Field.
-func goNames(t testing.TB) map[string]map[string]bool {
+func goNames(t *testing.T) map[string]map[string]bool {
 	t.Helper()
-	root := moduleRoot(t)
 	names := map[string]map[string]bool{}
 	fset := token.NewFileSet()
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if b := d.Name(); p != root && (strings.HasPrefix(b, ".") || strings.HasPrefix(b, "_")) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
-			return nil
-		}
+	for _, p := range sourceFiles(t, false) {
 		f, err := parser.ParseFile(fset, p, nil, parser.SkipObjectResolution)
-		if err != nil {
-			return err
-		}
+		require.NoError(t, err)
 		set := names[f.Name.Name]
 		if set == nil {
 			set = map[string]bool{}
 			names[f.Name.Name] = set
 		}
 		for _, decl := range f.Decls {
-			switch d := decl.(type) {
-			case *ast.FuncDecl:
-				if d.Recv == nil {
-					set[d.Name.Name] = true
-					continue
+			addNames(set, decl)
+		}
+	}
+	delete(names, "main")
+	return names
+}
+
+// addNames adds decl's names to set: a function, a type with its fields and
+// interface methods, a method as Type.Method, a var or a const.
+func addNames(set map[string]bool, decl ast.Decl) {
+	switch d := decl.(type) {
+	case *ast.FuncDecl:
+		if d.Recv == nil {
+			set[d.Name.Name] = true
+			return
+		}
+		typ := d.Recv.List[0].Type
+		for {
+			switch x := typ.(type) {
+			case *ast.StarExpr:
+				typ = x.X
+				continue
+			case *ast.IndexExpr:
+				typ = x.X
+				continue
+			case *ast.IndexListExpr:
+				typ = x.X
+				continue
+			}
+			break
+		}
+		if id, ok := typ.(*ast.Ident); ok {
+			set[id.Name+"."+d.Name.Name] = true
+		}
+	case *ast.GenDecl:
+		for _, s := range d.Specs {
+			switch s := s.(type) {
+			case *ast.TypeSpec:
+				set[s.Name.Name] = true
+				var members []*ast.Field
+				switch x := s.Type.(type) {
+				case *ast.StructType:
+					members = x.Fields.List
+				case *ast.InterfaceType:
+					members = x.Methods.List
 				}
-				typ := d.Recv.List[0].Type
-				for {
-					switch x := typ.(type) {
-					case *ast.StarExpr:
-						typ = x.X
-						continue
-					case *ast.IndexExpr:
-						typ = x.X
-						continue
-					case *ast.IndexListExpr:
-						typ = x.X
-						continue
+				for _, m := range members {
+					for _, n := range m.Names {
+						set[s.Name.Name+"."+n.Name] = true
 					}
-					break
 				}
-				if id, ok := typ.(*ast.Ident); ok {
-					set[id.Name+"."+d.Name.Name] = true
-				}
-			case *ast.GenDecl:
-				for _, s := range d.Specs {
-					switch s := s.(type) {
-					case *ast.TypeSpec:
-						set[s.Name.Name] = true
-						if st, ok := s.Type.(*ast.StructType); ok {
-							for _, f := range st.Fields.List {
-								for _, n := range f.Names {
-									set[s.Name.Name+"."+n.Name] = true
-								}
-							}
-						}
-						if it, ok := s.Type.(*ast.InterfaceType); ok {
-							for _, m := range it.Methods.List {
-								for _, n := range m.Names {
-									set[s.Name.Name+"."+n.Name] = true
-								}
-							}
-						}
-					case *ast.ValueSpec:
-						for _, n := range s.Names {
-							set[n.Name] = true
-						}
-					}
+			case *ast.ValueSpec:
+				for _, n := range s.Names {
+					set[n.Name] = true
 				}
 			}
 		}
-		return nil
-	})
-	require.NoError(t, err)
-	delete(names, "main")
-	return names
+	}
 }
 
 // TestDocsNameOnlyRealSymbols: a page that names pkg.Name (or pkg.Type.Member)
@@ -345,7 +332,7 @@ func TestDocsCommandsAreReal(t *testing.T) {
 					continue
 				}
 				// A command of verbs (workflow list, db start): the next word is one.
-				if usage := regexp.MustCompile(`(?m)^Usage: \S+ \S+ \[flags\] (.*\|.*)$`).FindStringSubmatch(h); usage != nil && len(words) > 1 {
+				if usage := verbsUsage.FindStringSubmatch(h); usage != nil && len(words) > 1 {
 					if !regexp.MustCompile(`(^|\| )` + regexp.QuoteMeta(words[1]) + `( |$)`).MatchString(usage[1]) {
 						t.Errorf("%s: `%s`: %s %s has no verb %s (%s)", page, strings.Join(cmd, " "), prog, verb, words[1], usage[1])
 					}
