@@ -39,6 +39,8 @@ var (
 // When ctx has a sampled span (the application's request, traced), the job's
 // metadata records it as "traceparent", so the job's work span is in the
 // request's trace (docs/operating.md, "One trace from the request to the delivery").
+// When ctx names a tenant (WithTenant), the metadata records it as "tenant",
+// after UseTenantTx's check (a deleted tenant's job is CONFLICT).
 func InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error) {
 	inserterOnce.Do(func() {
 		inserter, inserterErr = river.NewClient(riverpgxv5.New(nil), &river.Config{
@@ -48,14 +50,26 @@ func InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.In
 	if inserterErr != nil {
 		return nil, inserterErr
 	}
-	if cause := tracing.Cause(ctx); cause != "" {
+	cause, tenant := tracing.Cause(ctx), TenantOf(ctx)
+	if cause != "" || tenant != "" {
 		o := river.InsertOpts{}
 		if opts != nil {
 			o = *opts
 		}
-		md, err := withTraceparent(o.Metadata, cause)
-		if err != nil {
-			return nil, invalid("InsertTx: opts.Metadata is not a JSON object: %v", err)
+		md := o.Metadata
+		var err error
+		if cause != "" {
+			if md, err = withMetadata(md, TraceparentKey, cause); err != nil {
+				return nil, invalid("InsertTx: opts.Metadata is not a JSON object: %v", err)
+			}
+		}
+		if tenant != "" {
+			if md, err = withMetadata(md, TenantKey, tenant); err != nil {
+				return nil, invalid("InsertTx: opts.Metadata is not a JSON object: %v", err)
+			}
+			if err := UseTenantTx(ctx, tx, tenant); err != nil {
+				return nil, err
+			}
 		}
 		o.Metadata = md
 		opts = &o
@@ -88,21 +102,6 @@ func (*checkJSON) InsertMany(ctx context.Context, many []*rivertype.JobInsertPar
 		}
 	}
 	return doInner(ctx)
-}
-
-// withTraceparent is metadata (a JSON object, or empty) with its "traceparent"
-// set to cause: the key River's OpenTelemetry middleware reads, so the job's
-// work span is caused by the span that inserted it (platform/tracing).
-func withTraceparent(metadata []byte, cause string) ([]byte, error) {
-	m := map[string]json.RawMessage{}
-	if len(metadata) > 0 {
-		if err := json.Unmarshal(metadata, &m); err != nil {
-			return nil, err
-		}
-	}
-	tp, _ := json.Marshal(cause)
-	m[TraceparentKey] = tp
-	return json.Marshal(m)
 }
 
 // ShardCountTx reads the deployment's shard count in tx.

@@ -334,11 +334,12 @@ const TraceparentKey = "traceparent"
 // cause (a traceparent or NULL: the jobs' metadata). A kind not
 // in compute_workflow_kinds inserts nothing; an id that exists inserts
 // nothing. It returns the ids inserted. The function compute_workflow_start
-// (migrations/workflow/0004_advance_function.sql), whose plan the server
-// keeps per connection: each job is WorkflowStepKind, river.MaxAttemptsDefault
+// (migrations/workflow/0006_tenant.sql), whose plan the server keeps per
+// connection, $9 the tenant (NULL: the parent's, or none; a deleted one is
+// BC010, CONFLICT): each job is WorkflowStepKind, river.MaxAttemptsDefault
 // attempts at river.PriorityDefault, in its ShardQueuePrefix queue.
 const StartWorkflowsSQL = `SELECT id FROM compute_workflow_start($1::text[], $2::text[], $3::jsonb[], $4::bigint[],
-    $5::text, $6::bigint, $7::timestamptz, $8::text)`
+    $5::text, $6::bigint, $7::timestamptz, $8::text, $9::text)`
 
 // StepWorkflowSQL moves a workflow instance, locked by the caller's
 // transaction at seq $2, to its next state, inserts the River job of its next

@@ -342,7 +342,7 @@ func TestWorkflowFunctionsWriteTheJobsGoExpects(t *testing.T) {
 	require.NoError(t, db.QueryRow(ctx, `SELECT shard_count FROM compute_settings`).Scan(&shards))
 	err := pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, StartWorkflowsSQL, []string{"w1", "w2"}, []string{"order", "nope"},
-			[]string{`{}`, `{}`}, []int64{int64(KeyHash("w1")), int64(KeyHash("w2"))}, nil, nil, time.Now(), cause)
+			[]string{`{}`, `{}`}, []int64{int64(KeyHash("w1")), int64(KeyHash("w2"))}, nil, nil, time.Now(), cause, nil)
 		if err != nil {
 			return err
 		}

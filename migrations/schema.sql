@@ -529,6 +529,141 @@ END
 $$;
 
 
+SET default_table_access_method = heap;
+
+--
+-- Name: river_job; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.river_job (
+    id bigint NOT NULL,
+    state public.river_job_state DEFAULT 'available'::public.river_job_state NOT NULL,
+    attempt smallint DEFAULT 0 NOT NULL,
+    max_attempts smallint DEFAULT 25 NOT NULL,
+    attempted_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    finalized_at timestamp with time zone,
+    scheduled_at timestamp with time zone DEFAULT now() NOT NULL,
+    priority smallint DEFAULT 1 NOT NULL,
+    args jsonb NOT NULL,
+    attempted_by text[],
+    errors jsonb[],
+    kind text NOT NULL,
+    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
+    queue text DEFAULT 'default'::text NOT NULL,
+    tags character varying(255)[] DEFAULT '{}'::character varying[] NOT NULL,
+    unique_key bytea,
+    unique_states bit(8),
+    CONSTRAINT finalized_or_finalized_at_null CHECK ((((finalized_at IS NULL) AND (state <> ALL (ARRAY['cancelled'::public.river_job_state, 'completed'::public.river_job_state, 'discarded'::public.river_job_state]))) OR ((finalized_at IS NOT NULL) AND (state = ANY (ARRAY['cancelled'::public.river_job_state, 'completed'::public.river_job_state, 'discarded'::public.river_job_state]))))),
+    CONSTRAINT kind_length CHECK (((char_length(kind) > 0) AND (char_length(kind) < 128))),
+    CONSTRAINT max_attempts_is_positive CHECK ((max_attempts > 0)),
+    CONSTRAINT priority_in_range CHECK (((priority >= 1) AND (priority <= 4))),
+    CONSTRAINT queue_length CHECK (((char_length(queue) > 0) AND (char_length(queue) < 128)))
+);
+
+
+--
+-- Name: compute_fetch_jobs(text, integer, timestamp with time zone, text, integer, text[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.compute_fetch_jobs(q text, max_to_lock integer, now_ timestamp with time zone, client text, max_attempted_by integer, kinds text[]) RETURNS SETOF public.river_job
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    names  text[] := '{}';
+    allows int[] := '{}';
+    g      text;
+    st     text;
+    lim    int;
+    n      bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM river_job j
+                   WHERE j.state = 'available' AND j.queue = q AND coalesce(j.metadata ->> 'tenant', '') > '') THEN
+        RETURN QUERY
+        WITH locked_jobs AS (
+            SELECT j.id FROM river_job j
+            WHERE j.state = 'available' AND j.queue = q AND (kinds IS NULL OR j.kind = ANY(kinds))
+              AND j.scheduled_at <= now_
+            ORDER BY j.priority ASC, j.scheduled_at ASC, j.id ASC
+            LIMIT max_to_lock
+            FOR UPDATE SKIP LOCKED
+        )
+        UPDATE river_job SET state = 'running', attempt = river_job.attempt + 1, attempted_at = now_,
+            attempted_by = array_append(
+                CASE WHEN array_length(river_job.attempted_by, 1) >= max_attempted_by
+                     THEN river_job.attempted_by[array_length(river_job.attempted_by, 1) + 2 - max_attempted_by:]
+                     ELSE river_job.attempted_by END, client)
+        FROM locked_jobs WHERE river_job.id = locked_jobs.id
+        RETURNING river_job.*;
+        RETURN;
+    END IF;
+
+    -- The tenants with an available job in q, in name order (a skip scan),
+    -- and how many each may start.
+    FOR g IN
+        WITH RECURSIVE t(name) AS (
+            (SELECT coalesce(j.metadata ->> 'tenant', '') FROM river_job j
+             WHERE j.state = 'available' AND j.queue = q AND coalesce(j.metadata ->> 'tenant', '') > ''
+             ORDER BY 1 LIMIT 1)
+            UNION ALL
+            SELECT (SELECT coalesce(j.metadata ->> 'tenant', '') FROM river_job j
+                    WHERE j.state = 'available' AND j.queue = q AND coalesce(j.metadata ->> 'tenant', '') > t.name
+                    ORDER BY 1 LIMIT 1)
+            FROM t WHERE t.name IS NOT NULL
+        )
+        SELECT t.name FROM t WHERE t.name IS NOT NULL ORDER BY t.name
+    LOOP
+        st := NULL;
+        lim := NULL;
+        SELECT x.state, x.max_running INTO st, lim FROM compute_tenants x WHERE x.name = g;
+        CONTINUE WHEN st = 'suspended';
+        lim := coalesce(lim, 10);
+        PERFORM pg_advisory_xact_lock(compute_tenant_key(g), -1);
+        n := lim - compute_tenant_running(g);
+        IF n > 0 THEN
+            names := names || g;
+            allows := allows || least(n, max_to_lock)::int;
+        END IF;
+    END LOOP;
+
+    RETURN QUERY
+    WITH cand AS (
+        SELECT c.id, c.priority, c.scheduled_at,
+               row_number() OVER (PARTITION BY c.g ORDER BY c.priority, c.scheduled_at, c.id) AS rn
+        FROM (
+            (SELECT '' AS g, j.id, j.priority, j.scheduled_at FROM river_job j
+             WHERE j.state = 'available' AND j.queue = q AND coalesce(j.metadata ->> 'tenant', '') = ''
+               AND j.scheduled_at <= now_ AND (kinds IS NULL OR j.kind = ANY(kinds))
+             ORDER BY j.priority, j.scheduled_at, j.id
+             LIMIT max_to_lock)
+            UNION ALL
+            SELECT a.name, x.id, x.priority, x.scheduled_at
+            FROM unnest(names, allows) AS a(name, n)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.scheduled_at FROM river_job j
+                WHERE j.state = 'available' AND j.queue = q AND coalesce(j.metadata ->> 'tenant', '') = a.name
+                  AND j.scheduled_at <= now_ AND (kinds IS NULL OR j.kind = ANY(kinds))
+                ORDER BY j.priority, j.scheduled_at, j.id
+                LIMIT a.n) x
+        ) c
+    ), pick AS (
+        SELECT j.id FROM river_job j
+        JOIN (SELECT cand.id FROM cand ORDER BY cand.rn, cand.priority, cand.scheduled_at, cand.id LIMIT max_to_lock) p
+          ON p.id = j.id
+        WHERE j.state = 'available'
+        FOR UPDATE OF j SKIP LOCKED
+    )
+    UPDATE river_job SET state = 'running', attempt = river_job.attempt + 1, attempted_at = now_,
+        attempted_by = array_append(
+            CASE WHEN array_length(river_job.attempted_by, 1) >= max_attempted_by
+                 THEN river_job.attempted_by[array_length(river_job.attempted_by, 1) + 2 - max_attempted_by:]
+                 ELSE river_job.attempted_by END, client)
+    FROM pick WHERE river_job.id = pick.id
+    RETURNING river_job.*;
+END
+$$;
+
+
 --
 -- Name: compute_finish_batch(text, bigint, text[], bigint[], integer, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
 --
@@ -615,10 +750,10 @@ $$;
 
 
 --
--- Name: compute_mark_dirty(text, text, double precision, bigint, text); Type: FUNCTION; Schema: public; Owner: -
+-- Name: compute_mark_dirty(text, text, double precision, bigint, text, text); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.compute_mark_dirty(kind text, key text, delay_seconds double precision DEFAULT 0, key_hash bigint DEFAULT NULL::bigint, trace_parent text DEFAULT NULL::text) RETURNS void
+CREATE FUNCTION public.compute_mark_dirty(kind text, key text, delay_seconds double precision DEFAULT 0, key_hash bigint DEFAULT NULL::bigint, trace_parent text DEFAULT NULL::text, tenant text DEFAULT NULL::text) RETURNS void
     LANGUAGE plpgsql
     AS $_$
 DECLARE
@@ -647,15 +782,19 @@ BEGIN
     IF tp IS NOT NULL AND (length(tp) <> 55 OR left(tp, 3) <> '00-') THEN
         tp := NULL; -- not a traceparent: ignored
     END IF;
+    IF tenant IS NOT NULL THEN
+        PERFORM compute_tenant_use(tenant);
+    END IF;
 
-    INSERT INTO compute_dirty AS d (kind, key, shard, gen, not_before, job_id, trace_links)
+    INSERT INTO compute_dirty AS d (kind, key, shard, gen, not_before, job_id, trace_links, tenant)
     VALUES (compute_mark_dirty.kind, compute_mark_dirty.key,
             (coalesce(key_hash, compute_key_hash(compute_mark_dirty.key)) % (SELECT shard_count FROM compute_settings))::int, 1,
             compute_now() + make_interval(secs => delay_seconds), NULL,
-            CASE WHEN tp IS NOT NULL THEN ARRAY[tp] END)
+            CASE WHEN tp IS NOT NULL THEN ARRAY[tp] END, compute_mark_dirty.tenant)
     ON CONFLICT ON CONSTRAINT compute_dirty_pkey DO UPDATE
        SET gen = d.gen + 1,
            not_before = LEAST(d.not_before, EXCLUDED.not_before),
+           tenant = coalesce(EXCLUDED.tenant, d.tenant),
            -- each cause once, at most 32 (tracing.MaxCauses)
            trace_links = CASE WHEN EXCLUDED.trace_links IS NULL OR coalesce(cardinality(d.trace_links), 0) >= 32
                                    OR EXCLUDED.trace_links[1] = ANY(d.trace_links)
@@ -796,6 +935,200 @@ $$;
 
 
 --
+-- Name: compute_take_fair(integer, text, text, bigint, text[], integer[], text[], text[], text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.compute_take_fair(shard integer, lease text, owner text, epoch bigint, kinds text[], sizes integer[], skip_kinds text[], skip_keys text[], after_group text) RETURNS TABLE(kind text, key text, gen bigint, dirtied_at timestamp with time zone, causes text[], links integer, tenant text)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_variable
+DECLARE
+    first_kind text;
+    size       int;
+    picked     text[];
+    grp        text;
+    names      text[];
+    g          text;
+    st         text;
+    lim        int;
+BEGIN
+    PERFORM 1 FROM compute_leases l
+    WHERE l.name = lease AND l.owner = compute_take_fair.owner AND l.epoch = compute_take_fair.epoch
+      AND l.expires_at > compute_now()
+    FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT NULL::text, NULL::text, NULL::bigint, NULL::timestamptz, NULL::text[], NULL::int, NULL::text;
+        RETURN;
+    END IF;
+
+    IF EXISTS (SELECT 1 FROM compute_dirty d
+               WHERE d.shard = compute_take_fair.shard AND d.job_id IS NULL AND coalesce(d.tenant, '') > ''
+                 AND d.not_before <= compute_now()) THEN
+        -- The groups with a waiting key, in name order ('' first): a skip scan.
+        WITH RECURSIVE t(name) AS (
+            (SELECT coalesce(d.tenant, '') FROM compute_dirty d
+             WHERE d.shard = compute_take_fair.shard AND d.job_id IS NULL
+             ORDER BY coalesce(d.tenant, '') LIMIT 1)
+            UNION ALL
+            SELECT (SELECT coalesce(d.tenant, '') FROM compute_dirty d
+                    WHERE d.shard = compute_take_fair.shard AND d.job_id IS NULL AND coalesce(d.tenant, '') > t.name
+                    ORDER BY coalesce(d.tenant, '') LIMIT 1)
+            FROM t WHERE t.name IS NOT NULL
+        )
+        SELECT array_agg(t.name ORDER BY (t.name <= coalesce(after_group, '')), t.name) INTO names
+        FROM t WHERE t.name IS NOT NULL;
+        FOREACH g IN ARRAY coalesce(names, '{}') LOOP
+            -- a due key of kinds, not in flight
+            CONTINUE WHEN NOT EXISTS (
+                SELECT 1 FROM compute_dirty d
+                WHERE d.shard = compute_take_fair.shard AND d.job_id IS NULL AND coalesce(d.tenant, '') = g
+                  AND d.not_before <= compute_now() AND d.kind = ANY(kinds)
+                  AND NOT EXISTS (SELECT 1 FROM unnest(skip_kinds, skip_keys) AS s(kind, key)
+                                  WHERE s.kind = d.kind AND s.key = d.key));
+            IF g <> '' THEN
+                SELECT x.state, x.max_running INTO st, lim FROM compute_tenants x WHERE x.name = g;
+                CONTINUE WHEN st = 'suspended';
+                CONTINUE WHEN NOT compute_tenant_slot(g, coalesce(lim, 10));
+            END IF;
+            grp := g;
+            EXIT;
+        END LOOP;
+        IF grp IS NULL THEN
+            RETURN;
+        END IF;
+    END IF;
+
+    BEGIN -- a subtransaction: its row locks go with it
+        SELECT d.kind INTO first_kind FROM compute_dirty d
+        WHERE d.shard = compute_take_fair.shard AND d.job_id IS NULL AND d.not_before <= compute_now()
+          AND d.kind = ANY(kinds) AND (grp IS NULL OR coalesce(d.tenant, '') = grp)
+          AND NOT EXISTS (SELECT 1 FROM unnest(skip_kinds, skip_keys) AS s(kind, key)
+                          WHERE s.kind = d.kind AND s.key = d.key)
+        ORDER BY d.not_before
+        LIMIT 1
+        FOR SHARE SKIP LOCKED;
+        IF first_kind IS NOT NULL THEN
+            SELECT greatest(b.size, 1) INTO size FROM unnest(kinds, sizes) AS b(kind, size)
+            WHERE b.kind = first_kind LIMIT 1;
+            SELECT array_agg(p.key ORDER BY p.nb) INTO picked FROM (
+                SELECT d.key, d.not_before AS nb FROM compute_dirty d
+                WHERE d.shard = compute_take_fair.shard AND d.job_id IS NULL AND d.not_before <= compute_now()
+                  AND d.kind = first_kind AND (grp IS NULL OR coalesce(d.tenant, '') = grp)
+                  AND NOT EXISTS (SELECT 1 FROM unnest(skip_kinds, skip_keys) AS s(kind, key)
+                                  WHERE s.kind = d.kind AND s.key = d.key)
+                ORDER BY d.not_before
+                LIMIT size
+                FOR SHARE SKIP LOCKED) p;
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'BC002'; -- roll the subtransaction back
+    EXCEPTION WHEN SQLSTATE 'BC002' THEN
+        NULL;
+    END;
+    IF picked IS NULL THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    SELECT d.kind, d.key, d.gen, d.dirtied_at, d.trace_claimed || d.trace_links, coalesce(cardinality(d.trace_links), 0), d.tenant
+    FROM unnest(picked) WITH ORDINALITY AS p(key, n)
+    JOIN compute_dirty d ON d.kind = first_kind AND d.key = p.key
+    WHERE d.job_id IS NULL
+    ORDER BY p.n;
+END
+$$;
+
+
+--
+-- Name: compute_tenant_key(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.compute_tenant_key(t text) RETURNS integer
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT hashtext('bettercompute.tenant:' || t) & 2147483647 $$;
+
+
+--
+-- Name: compute_tenant_running(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.compute_tenant_running(t text) RETURNS bigint
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT (SELECT count(*) FROM river_job j
+            WHERE j.state = 'running' AND j.metadata ? 'tenant' AND (j.metadata ->> 'tenant') = t)
+         + (SELECT count(*) FROM pg_locks l
+            WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+              AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+              AND l.classid = compute_tenant_key(t)::oid AND l.objid::bigint < 2147483648)
+$$;
+
+
+--
+-- Name: compute_tenant_slot(text, integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.compute_tenant_slot(t text, lim integer) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    k   int := compute_tenant_key(t);
+    got boolean := false;
+    ok  boolean := false;
+BEGIN
+    BEGIN -- the slot, kept unless the count says no
+        FOR i IN 0 .. lim - 1 LOOP
+            IF pg_try_advisory_xact_lock(k, i) THEN
+                got := true;
+                EXIT;
+            END IF;
+        END LOOP;
+        IF got THEN
+            BEGIN -- the gate, let go at once
+                PERFORM pg_advisory_xact_lock(k, -1);
+                ok := compute_tenant_running(t) <= lim;
+                RAISE EXCEPTION USING ERRCODE = 'BC002';
+            EXCEPTION WHEN SQLSTATE 'BC002' THEN
+                NULL;
+            END;
+            IF NOT ok THEN
+                RAISE EXCEPTION USING ERRCODE = 'BC003'; -- give the slot back
+            END IF;
+        END IF;
+    EXCEPTION WHEN SQLSTATE 'BC003' THEN
+        RETURN false;
+    END;
+    RETURN got AND ok;
+END
+$$;
+
+
+--
+-- Name: compute_tenant_use(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.compute_tenant_use(t text) RETURNS void
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    st text;
+BEGIN
+    IF t IS NULL OR t !~ '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$' THEN
+        RAISE EXCEPTION 'tenant %: want 1 to 200 of [A-Za-z0-9._:@-], starting with a letter or digit', coalesce(quote_literal(t), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT x.state INTO st FROM compute_tenants x WHERE x.name = t FOR KEY SHARE;
+    IF NOT FOUND THEN
+        INSERT INTO compute_tenants (name) VALUES (t) ON CONFLICT DO NOTHING;
+        SELECT x.state INTO st FROM compute_tenants x WHERE x.name = t FOR KEY SHARE;
+    END IF;
+    IF st = 'deleted' THEN
+        RAISE EXCEPTION 'tenant % is deleted: it takes no new work', t USING ERRCODE = 'BC010';
+    END IF;
+END
+$_$;
+
+
+--
 -- Name: compute_use_sim_clock(timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -844,12 +1177,13 @@ BEGIN
                attempt = 0, updated_at = compute_now(),
                finished_at = CASE WHEN a_status IN ('completed', 'failed', 'cancelled') THEN compute_now() END
         WHERE x.id = a_id AND x.seq = a_seq
-        RETURNING x.id, x.kind, x.step, x.seq, x.job_id
+        RETURNING x.id, x.kind, x.step, x.seq, x.job_id, x.tenant
     ), j AS (
         INSERT INTO river_job (id, args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata)
         SELECT w.job_id, jsonb_build_object('workflow_id', w.id, 'workflow', w.kind, 'step', w.step, 'seq', w.seq),
                'workflow_step', a_max_attempts, 1, a_queue, a_run_at, a_job_state, '{}',
                CASE WHEN a_cause IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('traceparent', a_cause) END
+               || CASE WHEN w.tenant IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('tenant', w.tenant) END
         FROM w WHERE a_job AND w.job_id IS NOT NULL
         RETURNING river_job.id
     )
@@ -911,28 +1245,37 @@ $$;
 
 
 --
--- Name: compute_workflow_start(text[], text[], jsonb[], bigint[], text, bigint, timestamp with time zone, text); Type: FUNCTION; Schema: public; Owner: -
+-- Name: compute_workflow_start(text[], text[], jsonb[], bigint[], text, bigint, timestamp with time zone, text, text); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.compute_workflow_start(a_ids text[], a_kinds text[], a_inputs jsonb[], a_hashes bigint[], a_parent_id text, a_parent_seq bigint, a_run_at timestamp with time zone, a_cause text) RETURNS TABLE(id text)
+CREATE FUNCTION public.compute_workflow_start(a_ids text[], a_kinds text[], a_inputs jsonb[], a_hashes bigint[], a_parent_id text, a_parent_seq bigint, a_run_at timestamp with time zone, a_cause text, a_tenant text DEFAULT NULL::text) RETURNS TABLE(id text)
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    t text := a_tenant;
 BEGIN
+    IF t IS NULL AND a_parent_id IS NOT NULL THEN
+        SELECT p.tenant INTO t FROM compute_workflows p WHERE p.id = a_parent_id;
+    END IF;
+    IF t IS NOT NULL THEN
+        PERFORM compute_tenant_use(t);
+    END IF;
     RETURN QUERY
     WITH i AS (
         SELECT * FROM unnest(a_ids, a_kinds, a_inputs, a_hashes) AS i(id, kind, input, hash)
     ), w AS (
-        INSERT INTO compute_workflows AS w (id, kind, status, step, seq, job_id, input, parent_id, parent_seq)
-        SELECT i.id, i.kind, 'running', k.steps[1], 1, nextval('river_job_id_seq'), i.input, a_parent_id, a_parent_seq
+        INSERT INTO compute_workflows AS w (id, kind, status, step, seq, job_id, input, parent_id, parent_seq, tenant)
+        SELECT i.id, i.kind, 'running', k.steps[1], 1, nextval('river_job_id_seq'), i.input, a_parent_id, a_parent_seq, t
         FROM i JOIN compute_workflow_kinds k ON k.kind = i.kind
         ON CONFLICT ON CONSTRAINT compute_workflows_pkey DO NOTHING
-        RETURNING w.id, w.kind, w.step, w.seq, w.job_id
+        RETURNING w.id, w.kind, w.step, w.seq, w.job_id, w.tenant
     ), j AS (
         INSERT INTO river_job (id, args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata)
         SELECT w.job_id, jsonb_build_object('workflow_id', w.id, 'workflow', w.kind, 'step', w.step, 'seq', w.seq),
                'workflow_step', 25, 1, 'shard_' || (i.hash % (SELECT s.shard_count FROM compute_settings s)),
                a_run_at, 'available', '{}',
                CASE WHEN a_cause IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('traceparent', a_cause) END
+               || CASE WHEN w.tenant IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('tenant', w.tenant) END
         FROM w JOIN i ON i.id = w.id
         RETURNING river_job.id
     )
@@ -982,8 +1325,6 @@ CREATE FUNCTION public.river_job_state_in_bitmask(bitmask bit, state public.rive
     END = 1;
 $$;
 
-
-SET default_table_access_method = heap;
 
 --
 -- Name: capacity_bookings; Type: TABLE; Schema: public; Owner: -
@@ -1230,7 +1571,8 @@ CREATE TABLE public.compute_dirty (
     job_id bigint,
     dirtied_at timestamp with time zone DEFAULT public.compute_now() NOT NULL,
     trace_links text[],
-    trace_claimed text[]
+    trace_claimed text[],
+    tenant text
 );
 
 
@@ -1389,6 +1731,24 @@ CREATE TABLE public.compute_sinks (
 
 
 --
+-- Name: compute_tenants; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.compute_tenants (
+    name text NOT NULL,
+    state text DEFAULT 'active'::text NOT NULL,
+    max_running integer DEFAULT 10 NOT NULL,
+    reason text,
+    created_at timestamp with time zone DEFAULT public.compute_now() NOT NULL,
+    changed_at timestamp with time zone DEFAULT public.compute_now() NOT NULL,
+    CONSTRAINT compute_tenants_max_running_check CHECK ((max_running > 0)),
+    CONSTRAINT compute_tenants_name_check CHECK ((name ~ '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$'::text)),
+    CONSTRAINT compute_tenants_reason_check CHECK (((reason IS NULL) OR (length(reason) <= 500))),
+    CONSTRAINT compute_tenants_state_check CHECK ((state = ANY (ARRAY['active'::text, 'suspended'::text, 'deleted'::text])))
+);
+
+
+--
 -- Name: compute_workers; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1502,6 +1862,7 @@ CREATE TABLE public.compute_workflows (
     created_at timestamp with time zone DEFAULT public.compute_now() NOT NULL,
     updated_at timestamp with time zone DEFAULT public.compute_now() NOT NULL,
     finished_at timestamp with time zone,
+    tenant text,
     CONSTRAINT compute_workflows_check CHECK (((finished_at IS NOT NULL) = (status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))),
     CONSTRAINT compute_workflows_id_check CHECK ((id ~ '^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,254}$'::text)),
     CONSTRAINT compute_workflows_input_check CHECK ((octet_length((input)::text) <= 1048576)),
@@ -1590,37 +1951,6 @@ CREATE TABLE public.quorum_votes (
     cast_at timestamp with time zone DEFAULT public.compute_now() NOT NULL,
     reason text DEFAULT ''::text NOT NULL,
     CONSTRAINT quorum_votes_reason_check CHECK ((length(reason) <= 2000))
-);
-
-
---
--- Name: river_job; Type: TABLE; Schema: public; Owner: -
---
-
-CREATE TABLE public.river_job (
-    id bigint NOT NULL,
-    state public.river_job_state DEFAULT 'available'::public.river_job_state NOT NULL,
-    attempt smallint DEFAULT 0 NOT NULL,
-    max_attempts smallint DEFAULT 25 NOT NULL,
-    attempted_at timestamp with time zone,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    finalized_at timestamp with time zone,
-    scheduled_at timestamp with time zone DEFAULT now() NOT NULL,
-    priority smallint DEFAULT 1 NOT NULL,
-    args jsonb NOT NULL,
-    attempted_by text[],
-    errors jsonb[],
-    kind text NOT NULL,
-    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
-    queue text DEFAULT 'default'::text NOT NULL,
-    tags character varying(255)[] DEFAULT '{}'::character varying[] NOT NULL,
-    unique_key bytea,
-    unique_states bit(8),
-    CONSTRAINT finalized_or_finalized_at_null CHECK ((((finalized_at IS NULL) AND (state <> ALL (ARRAY['cancelled'::public.river_job_state, 'completed'::public.river_job_state, 'discarded'::public.river_job_state]))) OR ((finalized_at IS NOT NULL) AND (state = ANY (ARRAY['cancelled'::public.river_job_state, 'completed'::public.river_job_state, 'discarded'::public.river_job_state]))))),
-    CONSTRAINT kind_length CHECK (((char_length(kind) > 0) AND (char_length(kind) < 128))),
-    CONSTRAINT max_attempts_is_positive CHECK ((max_attempts > 0)),
-    CONSTRAINT priority_in_range CHECK (((priority >= 1) AND (priority <= 4))),
-    CONSTRAINT queue_length CHECK (((char_length(queue) > 0) AND (char_length(queue) < 128)))
 );
 
 
@@ -1969,6 +2299,14 @@ ALTER TABLE ONLY public.compute_sinks
 
 
 --
+-- Name: compute_tenants compute_tenants_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.compute_tenants
+    ADD CONSTRAINT compute_tenants_pkey PRIMARY KEY (name);
+
+
+--
 -- Name: compute_workers compute_workers_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -2165,10 +2503,38 @@ CREATE INDEX compute_dirty_job ON public.compute_dirty USING btree (job_id) WHER
 
 
 --
+-- Name: compute_dirty_tenant_due; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX compute_dirty_tenant_due ON public.compute_dirty USING btree (shard, COALESCE(tenant, ''::text), not_before) WHERE (job_id IS NULL);
+
+
+--
 -- Name: compute_leases_owner; Type: INDEX; Schema: public; Owner: -
 --
 
 CREATE INDEX compute_leases_owner ON public.compute_leases USING btree (owner);
+
+
+--
+-- Name: compute_river_job_tenant_available; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX compute_river_job_tenant_available ON public.river_job USING btree (queue, COALESCE((metadata ->> 'tenant'::text), ''::text), priority, scheduled_at, id) WHERE (state = 'available'::public.river_job_state);
+
+
+--
+-- Name: compute_river_job_tenant_running; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX compute_river_job_tenant_running ON public.river_job USING btree (((metadata ->> 'tenant'::text))) WHERE ((state = 'running'::public.river_job_state) AND (metadata ? 'tenant'::text));
+
+
+--
+-- Name: compute_tenants_held; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX compute_tenants_held ON public.compute_tenants USING btree (state) WHERE (state <> 'active'::text);
 
 
 --
@@ -2211,6 +2577,13 @@ CREATE INDEX compute_workflows_parent ON public.compute_workflows USING btree (p
 --
 
 CREATE INDEX compute_workflows_status ON public.compute_workflows USING btree (status, created_at);
+
+
+--
+-- Name: compute_workflows_tenant; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX compute_workflows_tenant ON public.compute_workflows USING btree (tenant, status) WHERE (tenant IS NOT NULL);
 
 
 --

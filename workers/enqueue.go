@@ -34,7 +34,10 @@ type DirtyOpts struct {
 // before any statement is sent: tx stays usable.
 //
 // The span of ctx, if sampled, is recorded as a cause of the key's next
-// reconcile (tracing.Cause; see "Trace context" in the package doc).
+// reconcile (tracing.Cause; see "Trace context" in the package doc). The
+// tenant ctx names (WithTenant), if any, is the key's: its reconcile is held
+// while the tenant is suspended and counts against its limit; a deleted
+// tenant's dirty is CONFLICT.
 func DirtyTx(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) error {
 	if err := riverjob.ValidateKind(kind); err != nil {
 		return err
@@ -49,8 +52,15 @@ func DirtyTx(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) 
 	if delay > MaxDirtyDelay {
 		return fault.New(fault.InvalidArgument, "dirty %s: delay %s is longer than %s", kind, delay, MaxDirtyDelay)
 	}
-	if _, err := tx.Exec(ctx, markDirtySQL, kind, key, delay.Seconds(), int64(jobs.KeyHash(key)), tracing.CauseOrNil(ctx)); err != nil {
-		return fmt.Errorf("error marking %s/%s dirty: %w", kind, key, err)
+	var tenant any
+	if t := jobs.TenantOf(ctx); t != "" {
+		if err := jobs.ValidateTenant(t); err != nil {
+			return err
+		}
+		tenant = t
+	}
+	if _, err := tx.Exec(ctx, markDirtySQL, kind, key, delay.Seconds(), int64(jobs.KeyHash(key)), tracing.CauseOrNil(ctx), tenant); err != nil {
+		return pg.Translate(fmt.Errorf("error marking %s/%s dirty: %w", kind, key, err))
 	}
 	return nil
 }
@@ -58,10 +68,11 @@ func DirtyTx(ctx context.Context, tx pgx.Tx, kind, key string, opts *DirtyOpts) 
 // MaxDirtyDelay is the longest DirtyOpts.Delay: 100 years, as compute_mark_dirty.
 const MaxDirtyDelay = 3155760000 * time.Second
 
-// markDirtySQL calls compute_mark_dirty (migrations/core/0009_dirty_trace.sql):
+// markDirtySQL calls compute_mark_dirty (migrations/tenancy/0002_tenant_work.sql):
 // $1 kind, $2 key, $3 delay (s), $4 jobs.KeyHash(key), $5 the caller's cause (a
-// traceparent, or NULL: then the transaction's bettercompute.traceparent).
-const markDirtySQL = `SELECT compute_mark_dirty($1, $2, $3::float8, $4::bigint, $5::text)`
+// traceparent, or NULL: then the transaction's bettercompute.traceparent), $6
+// the tenant (NULL for none).
+const markDirtySQL = `SELECT compute_mark_dirty($1, $2, $3::float8, $4::bigint, $5::text, $6::text)`
 
 // InsertForKeyTx inserts a River job of an application's fenced kind (one
 // registered with AddWorker) in the caller's transaction, into the
@@ -92,3 +103,18 @@ func InsertForKeyTx(ctx context.Context, tx pgx.Tx, key string, args river.JobAr
 	o.Queue = queue
 	return jobs.InsertTx(ctx, tx, args, &o)
 }
+
+// WithTenant is ctx naming tenant as the one whose work is enqueued with it:
+// DirtyTx, InsertForKeyTx, a workflow's start, an outbox event record it (see
+// "Tenants" in the package doc). Work run for a tenant gets a context that
+// names it, so what it enqueues is the tenant's too. "" names none.
+//
+//	ctx = workers.WithTenant(ctx, "acme")
+//	err := workers.DirtyTx(ctx, tx, "balance", accountID, nil)
+func WithTenant(ctx context.Context, tenant string) context.Context {
+	return jobs.WithTenant(ctx, tenant)
+}
+
+// TenantOf is the tenant ctx names ("" for none): in a reconcile, a job or a
+// workflow step, the tenant the work is done for.
+func TenantOf(ctx context.Context) string { return jobs.TenantOf(ctx) }

@@ -11,6 +11,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
+	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/workers/internal/riverjob"
 )
@@ -37,6 +38,9 @@ const fencedSnooze = time.Second
 
 func (m *jobMiddleware) Work(ctx context.Context, job *rivertype.JobRow, doInner func(ctx context.Context) error) error {
 	ctx = context.WithValue(ctx, runtimeKey{}, m.rt)
+	if t := jobs.TenantOfMetadata(job.Metadata); t != "" {
+		ctx = jobs.WithTenant(ctx, t) // the job's work is its tenant's, and so is what it enqueues
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	m.rt.track(job.Queue, job.ID, cancel)
 	defer func() {

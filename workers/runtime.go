@@ -14,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -199,7 +198,7 @@ func Start(ctx context.Context, o Options) (*Runtime, error) {
 			return nil, err
 		}
 	}
-	rt.driver = newPollDriver(riverpgxv5.New(o.Pool.Pool))
+	rt.driver = newPollDriver(o.Pool.Pool)
 	if rt.client, err = river.NewClient[pgx.Tx](rt.driver, rt.riverConfig()); err != nil {
 		rt.retire()
 		return nil, fault.Wrap(fault.InvalidConfig, err, "cannot configure River")

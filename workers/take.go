@@ -29,6 +29,9 @@ type takeKey struct{ kind, key string }
 type inFlight struct {
 	mu   sync.Mutex
 	keys map[takeKey]struct{}
+	// last is the group (a tenant, "" for none) the shard's last take served:
+	// the next take serves the first group after it (round-robin).
+	last string
 }
 
 // skip returns the keys in flight as the two aligned arrays TakeDirtySQL
@@ -48,6 +51,7 @@ type taking struct {
 	sizes  []int
 	flight *inFlight
 	mine   []takeKey
+	tenant string      // the tenant of the keys taken ("" for none)
 	took   chan<- bool // told once, after the first take: whether it came back full
 }
 
@@ -66,17 +70,18 @@ func (t *taking) take(ctx context.Context, tx pgx.Tx, l lease.Lease) (kind strin
 	t.flight.mu.Lock()
 	defer t.flight.mu.Unlock()
 	t.release()
+	t.tenant = ""
 	skipKinds, skipKeys := t.flight.skip()
-	rows, err := tx.Query(ctx, riverjob.TakeDirtySQL, t.shard, l.Name, l.Owner, l.Epoch, t.kinds, t.sizes, skipKinds, skipKeys)
+	rows, err := tx.Query(ctx, riverjob.TakeDirtySQL, t.shard, l.Name, l.Owner, l.Epoch, t.kinds, t.sizes, skipKinds, skipKeys, t.flight.last)
 	if err != nil {
 		return "", nil, nil, pg.Translate(fmt.Errorf("error taking the dirty keys of shard %d: %w", t.shard, err))
 	}
 	fenced := false
 	for rows.Next() {
-		var k *string
+		var k, tenant *string
 		var c claimedKey
 		var n *int32
-		if err := rows.Scan(&k, &c.key, &c.gen, &c.dirtied, &c.causes, &n); err != nil {
+		if err := rows.Scan(&k, &c.key, &c.gen, &c.dirtied, &c.causes, &n, &tenant); err != nil {
 			rows.Close()
 			return "", nil, nil, err
 		}
@@ -85,6 +90,9 @@ func (t *taking) take(ctx context.Context, tx pgx.Tx, l lease.Lease) (kind strin
 			continue
 		}
 		kind = *k
+		if tenant != nil {
+			t.tenant = *tenant
+		}
 		claimed, links = append(claimed, c), append(links, *n)
 	}
 	if err := rows.Err(); err != nil {
@@ -92,6 +100,9 @@ func (t *taking) take(ctx context.Context, tx pgx.Tx, l lease.Lease) (kind strin
 	}
 	if fenced {
 		return "", nil, nil, fault.New(fault.Fenced, "shard %d: lease %s (owner %s, epoch %d) is no longer held", t.shard, l.Name, l.Owner, l.Epoch)
+	}
+	if len(claimed) > 0 {
+		t.flight.last = t.tenant
 	}
 	for _, c := range claimed {
 		k := takeKey{kind, c.key}
@@ -175,6 +186,9 @@ func (b *batchRun) runTaken(ctx context.Context, rt *Runtime, tx pgx.Tx, l lease
 		return nil
 	}
 	rec := rt.o.Registry.reconcilers[kind]
+	if b.take.tenant != "" {
+		ctx = jobs.WithTenant(ctx, b.take.tenant) // what the reconciles enqueue is the tenant's
+	}
 	ctx, b.span = reconcileSpan(ctx, rt.TracerProvider(), l, row, kind, "", claimed)
 	keys, gens, err := b.reconcileAll(ctx, tx, rec, claimed)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river/riverdriver"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivershared/baseservice"
@@ -30,14 +31,15 @@ import (
 // this process wakes.
 type pollDriver struct {
 	*riverpgxv5.Driver
+	pool     *pgxpool.Pool
 	pilot    *wakePilot
 	settings queueSettings
 }
 
 var _ riverdriver.Driver[pgx.Tx] = (*pollDriver)(nil)
 
-func newPollDriver(d *riverpgxv5.Driver) *pollDriver {
-	return &pollDriver{Driver: d, pilot: &wakePilot{}}
+func newPollDriver(pool *pgxpool.Pool) *pollDriver {
+	return &pollDriver{Driver: riverpgxv5.New(pool), pool: pool, pilot: &wakePilot{}}
 }
 
 // SupportsListener is false: River then wakes its producers in process.
@@ -49,7 +51,7 @@ func (d *pollDriver) SupportsListener() bool { return false }
 // queue, read at most once a second for all of them (queueSettings), so an
 // idle process's load does not grow with its shards.
 func (d *pollDriver) GetExecutor() riverdriver.Executor {
-	return &settingsExecutor{Executor: d.Driver.GetExecutor(), cache: &d.settings}
+	return &settingsExecutor{Executor: d.Driver.GetExecutor(), cache: &d.settings, pool: d.pool}
 }
 
 // queueSettings are the rows of river_queue, as last listed.
@@ -65,6 +67,7 @@ const queueSettingsFor = time.Second
 type settingsExecutor struct {
 	riverdriver.Executor
 	cache *queueSettings
+	pool  *pgxpool.Pool
 }
 
 func (e *settingsExecutor) QueueGet(ctx context.Context, params *riverdriver.QueueGetParams) (*rivertype.Queue, error) {

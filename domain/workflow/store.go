@@ -202,8 +202,15 @@ func startManyTx(ctx context.Context, tx pgx.Tx, specs []startSpec, parent strin
 	if parent != "" {
 		parentArg, parentSeqArg = parent, parentSeq
 	}
+	var tenant any
+	if t := jobs.TenantOf(ctx); t != "" {
+		if err := jobs.ValidateTenant(t); err != nil {
+			return err
+		}
+		tenant = t
+	}
 	rows, err := tx.Query(ctx, jobs.StartWorkflowsSQL, ids, kinds, inputs, hashes, parentArg, parentSeqArg, time.Now(),
-		tracing.CauseOrNil(ctx))
+		tracing.CauseOrNil(ctx), tenant)
 	if err != nil {
 		return pg.Translate(fmt.Errorf("error starting workflows: %w", err))
 	}

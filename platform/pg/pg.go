@@ -558,7 +558,7 @@ func SQLState(err error) string {
 
 // Translate gives a driver error a fault code, keeping it as the cause:
 // pgx.ErrNoRows is NOT_FOUND; exclusion, unique, serialization and deadlock
-// failures are CONFLICT; invalid_parameter_value (22023, raised by our SQL
+// failures, and a deleted tenant's new work (BC010), are CONFLICT; invalid_parameter_value (22023, raised by our SQL
 // for bad input) is INVALID_ARGUMENT; a dead connection or an unreachable server is
 // UNAVAILABLE; a refused login, a missing database or a missing table (not
 // migrated) is INVALID_CONFIG. An error that already carries a code, or nil,
@@ -575,7 +575,8 @@ func Translate(err error) error {
 		return &fault.Error{Code: fault.NotFound, Err: err}
 	}
 	switch st := SQLState(err); {
-	case st == "23P01" || st == "23505" || st == "40001" || st == "40P01":
+	case st == "23P01" || st == "23505" || st == "40001" || st == "40P01" || st == "BC010":
+		// (BC010: a deleted tenant's new work, migrations/tenancy.)
 		return &fault.Error{Code: fault.Conflict, Err: err}
 	case st == "22023":
 		// invalid_parameter_value: raised by our SQL for bad input (a fenced job

@@ -265,7 +265,11 @@ func (e *exec) finish(ctx context.Context, tx pgx.Tx) error {
 // t goes at once to a step this process may run and the budget lasts; else
 // in a job of its own, or nowhere, and this job completes in t's transaction,
 // after t (finish).
-func (e *exec) route(ctx context.Context, f workers.Fence, t *workflow.Transition) {
+//
+// A tenant's workflow (jobs.TenantOf) whose tenant is suspended parks at the
+// boundary: its next step gets a job of its own, which the fetch holds until
+// the tenant resumes.
+func (e *exec) route(ctx context.Context, tx pgx.Tx, f workers.Fence, t *workflow.Transition) {
 	// e.ran holds the e.n steps committed; a transaction retried after a lost
 	// connection routes its step again.
 	e.ran = append(e.ran[:min(len(e.ran), e.n)], ranStep{Seq: e.seq, Step: e.step})
@@ -273,7 +277,8 @@ func (e *exec) route(ctx context.Context, f workers.Fence, t *workflow.Transitio
 	o := e.w.p.options()
 	inline := t.Job && (t.Status == workflow.Running || t.Status == workflow.Cancelling) &&
 		t.Wait == nil && t.WakeAt == nil && len(t.Children) == 0 && !t.RunAt.After(time.Now()) &&
-		e.n+1 < o.InlineSteps && time.Since(e.began) < o.InlineFor && ctx.Err() == nil && f.Holds(ctx)
+		e.n+1 < o.InlineSteps && time.Since(e.began) < o.InlineFor && ctx.Err() == nil && f.Holds(ctx) &&
+		!tenantSuspended(ctx, tx)
 	if inline {
 		t.Job, t.KeepJob = false, e.job.ID
 		return
@@ -396,7 +401,7 @@ func (e *exec) transactional(ctx context.Context, step workflow.StepMeta) error 
 			return err
 		}
 		e.stamp(&t, inst)
-		e.route(ctx, f, &t)
+		e.route(ctx, tx, f, &t)
 		if newSeq, err = workflow.AdvanceTx(ctx, tx, inst, t); err != nil {
 			return err
 		}
@@ -459,7 +464,7 @@ func (e *exec) external(ctx context.Context, inst *workflow.Info, ev workflow.Ev
 			return err
 		}
 		e.stamp(&t, locked)
-		e.route(ctx, f, &t)
+		e.route(ctx, tx, f, &t)
 		if newSeq, err = workflow.AdvanceTx(ctx, tx, locked, t); err != nil {
 			return err
 		}
@@ -607,7 +612,7 @@ func (e *exec) fail(ctx context.Context, step, onError, msg string, cause error)
 		t = workflow.FailTransition(inst, step, onError, e.job.Queue, attempts, msg)
 		e.stamp(&t, inst)
 		if cause == nil {
-			e.route(ctx, f, &t)
+			e.route(ctx, tx, f, &t)
 		}
 		if newSeq, err = workflow.AdvanceTx(ctx, tx, inst, t); err != nil {
 			return err
@@ -676,4 +681,22 @@ func (e *exec) noop(ctx context.Context, why string) error {
 		e.w.p.observe(e.job.Args.Workflow, e.step, "stale", 0, "", false)
 	}
 	return err
+}
+
+// tenantSuspendedSQL says whether tenant $1 is suspended.
+const tenantSuspendedSQL = `SELECT EXISTS (SELECT 1 FROM compute_tenants WHERE name = $1 AND state = 'suspended')`
+
+// tenantSuspended reports whether the tenant ctx names is suspended, read in
+// tx (false for work of no tenant, without a statement). An error reads as
+// suspended: the next step then gets a job of its own, as ever.
+func tenantSuspended(ctx context.Context, tx pgx.Tx) bool {
+	t := jobs.TenantOf(ctx)
+	if t == "" {
+		return false
+	}
+	var held bool
+	if err := tx.QueryRow(ctx, tenantSuspendedSQL, t).Scan(&held); err != nil {
+		return true
+	}
+	return held
 }

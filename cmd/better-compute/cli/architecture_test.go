@@ -198,6 +198,8 @@ var riverWriters = map[string]bool{
 	"core/0009_dirty_trace.sql":          true, // compute_mark_dirty: a key's reconcile job
 	"workflow/0003_signal_barrier.sql":   true, // a signal's wake-up of its workflow's job
 	"workflow/0004_advance_function.sql": true, // compute_workflow_advance: a step's next job
+	"tenancy/0002_tenant_work.sql":       true, // compute_fetch_jobs: River's fetch, tenants round-robin; compute_mark_dirty
+	"workflow/0006_tenant.sql":           true, // compute_workflow_advance, compute_workflow_start: jobs naming the tenant
 }
 
 // riverStatementFiles are the Go files that may write River's tables: the

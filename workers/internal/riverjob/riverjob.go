@@ -197,9 +197,12 @@ const FinishBatchSQL = `SELECT compute_finish_batch($1, $2, $3::text[], $4::bigi
 // has in flight ($7 kinds, $8 keys, aligned). It returns kind, key, gen,
 // when the key was first dirtied, its causes, and how many of them the
 // finish clears (FinishTakenSQL); one row of NULLs when the lease is not
-// held. The function compute_take_dirty (migrations/core/0011_take_dirty.sql).
-const TakeDirtySQL = `SELECT kind, key, gen, dirtied_at, causes, links
-FROM compute_take_dirty($1, $2, $3, $4, $5::text[], $6::int[], $7::text[], $8::text[])`
+// held. The function compute_take_dirty (migrations/core/0011_take_dirty.sql)
+// as compute_take_fair (migrations/tenancy/0002_tenant_work.sql), which, where
+// tenants' keys wait, serves one group (no tenant, or one tenant within its
+// limit) round-robin, the first after group $9, and returns the keys' tenant.
+const TakeDirtySQL = `SELECT kind, key, gen, dirtied_at, causes, links, tenant
+FROM compute_take_fair($1, $2, $3, $4, $5::text[], $6::int[], $7::text[], $8::text[], $9::text)`
 
 // FinishTakenSQL ends a batch that took keys $2 of reconciler $1
 // (TakeDirtySQL): it deletes the rows whose gen is still the one read ($3,
@@ -214,7 +217,7 @@ const FinishTakenSQL = `SELECT compute_finish_taken($1, $2::text[], $3::bigint[]
 // retryable at $7 with its first attempt's error $6 (attempted by $9 at $8), and
 // points the key's row at it, not before compute_now() + $10 s (a dirty due
 // sooner takes the key back). It does nothing if the row is no longer the
-// batch's.
+// batch's. The job's metadata names the key's tenant, if it has one.
 var FailKeySQL = fmt.Sprintf(`
 WITH j AS (
     INSERT INTO river_job (args, kind, max_attempts, priority, queue, scheduled_at, state,
@@ -222,7 +225,8 @@ WITH j AS (
     SELECT $5::jsonb, '%s', %d, %d, $4::text, $7::timestamptz, 'retryable'::river_job_state,
            1, $8::timestamptz, ARRAY[$9::text],
            ARRAY[jsonb_build_object('at', $8::timestamptz, 'attempt', 1, 'error', $6::text, 'trace', '')],
-           ARRAY[$2::text]::varchar(255)[], '{}'
+           ARRAY[$2::text]::varchar(255)[],
+           CASE WHEN tenant IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('tenant', tenant) END
     FROM compute_dirty WHERE kind = $2 AND key = $3 AND job_id IS NOT DISTINCT FROM $1::bigint
     RETURNING id
 )
@@ -341,7 +345,8 @@ RETURNING id`
 // job $3 (inline steps, whose step at that seq failed), to a new step job for
 // the same seq: retryable at $4 (River's clock: the step's backoff), with its
 // failed attempt counted as River counts one (attempt 1, the error $5 in its
-// errors, at $6), max attempts $7 and cause $8; and completes job $3 at $6. It
+// errors, at $6), max attempts $7 and cause $8, naming job $3's tenant; and
+// completes job $3 at $6. It
 // returns the new job's id; no row means the job no longer runs the workflow.
 var HandOverWorkflowSQL = fmt.Sprintf(`
 WITH w AS (
@@ -352,7 +357,8 @@ WITH w AS (
     INSERT INTO river_job (id, args, kind, max_attempts, priority, queue, scheduled_at, state, tags, metadata, attempt, attempted_at, errors)
     SELECT w.job_id, jsonb_build_object('workflow_id', w.id, 'workflow', w.kind, 'step', w.step, 'seq', w.seq),
            '%s', $7::int, %d, old.queue, $4::timestamptz, 'retryable', '{}',
-           CASE WHEN $8::text IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('%s', $8::text) END,
+           CASE WHEN $8::text IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('%s', $8::text) END
+           || CASE WHEN old.metadata ? 'tenant' THEN jsonb_build_object('tenant', old.metadata -> 'tenant') ELSE '{}'::jsonb END,
            1, $6::timestamptz,
            ARRAY[jsonb_build_object('at', $6::timestamptz, 'attempt', 1, 'error', $5::text, 'trace', '')]
     FROM w, river_job old WHERE old.id = $3
