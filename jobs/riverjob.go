@@ -429,3 +429,21 @@ func JobState(ctx context.Context, db pg.DBTX, id int64) (string, bool, error) {
 	}
 	return s, err == nil, err
 }
+
+// --- Tenants (domain/tenancy) ---
+
+// CancelTenantWorkSQL cancels, at $2 with reason $3, tenant $1's River jobs
+// that wait to run (not its workflow steps: workflow.CancelTx cancels those,
+// with their compensation), and deletes its dirty keys: a deleted tenant's
+// outstanding work. A running job finishes. It returns the jobs cancelled and
+// the keys dropped.
+const CancelTenantWorkSQL = `WITH j AS (
+    UPDATE river_job r SET state = 'cancelled', finalized_at = $2,
+        errors = array_append(r.errors, jsonb_build_object('at', $2::timestamptz, 'attempt', r.attempt, 'error', $3::text, 'trace', ''))
+    WHERE r.state IN ('available', 'scheduled', 'retryable', 'pending') AND r.metadata ? 'tenant'
+      AND (r.metadata ->> 'tenant') = $1 AND r.kind <> '` + WorkflowStepKind + `'
+    RETURNING r.id
+), d AS (
+    DELETE FROM compute_dirty WHERE tenant = $1 RETURNING 1
+)
+SELECT (SELECT count(*) FROM j), (SELECT count(*) FROM d)`
