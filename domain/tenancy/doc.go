@@ -7,21 +7,21 @@
 //
 // # States
 //
-//	(first work) ─▶ active ──Suspend──▶ suspended ──Resume──▶ active
-//	                active | suspended ──Delete──▶ deleted (for good)
+//		(first work) ─▶ active ──Suspend──▶ suspended ──Resume──▶ active
+//		                active | suspended ──Delete──▶ deleted (for good)
 //
-//   - active: its work runs, at most MaxRunning units at once across every
-//     process (River jobs running plus reconcile batches in their
-//     transaction), taken round-robin with the other tenants' work.
-//   - suspended: its work is accepted and held, never lost: new work is
-//     enqueued as ever (the application's transaction does not fail because
-//     a customer's bill is unpaid), queued reconciles, fenced jobs and
-//     workflow steps do not start, a running one finishes and a workflow
-//     parks at its next step boundary; its reservations are refused, its
-//     bookings stay. Resume runs it all.
-//   - deleted: its waiting jobs are cancelled, its dirty keys dropped, its
-//     unfinished workflows cancelled (each compensation runs once); new work
-//     is CONFLICT. The application's own rows are left alone.
+//	  - active: its work runs, at most MaxRunning units at once across every
+//	    process (River jobs running plus reconcile batches in their
+//	    transaction), taken round-robin with the other tenants' work.
+//	  - suspended: its work is accepted and held, never lost: new work is
+//	    enqueued as ever (the application's transaction does not fail because
+//	    a customer's bill is unpaid), queued reconciles, fenced jobs and
+//	    workflow steps do not start, a running one finishes and a workflow
+//	    parks at its next step boundary; its reservations are refused, its
+//	    bookings stay. Resume runs it all.
+//	  - deleted: its waiting jobs are cancelled, its dirty keys dropped, its
+//	    unfinished workflows cancelled (each compensation runs once); new work
+//	    is CONFLICT. The application's own rows are left alone.
 //
 // # Invariants
 //
