@@ -1048,6 +1048,24 @@ CREATE FUNCTION public.compute_tenant_key(t text) RETURNS integer
 
 
 --
+-- Name: compute_tenant_reservable(text); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.compute_tenant_reservable(t text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    st text;
+BEGIN
+    SELECT x.state INTO st FROM compute_tenants x WHERE x.name = t FOR SHARE;
+    IF st IN ('suspended', 'deleted') THEN
+        RAISE EXCEPTION 'tenant % is %: its reservations are refused', t, st USING ERRCODE = 'BC010';
+    END IF;
+END
+$$;
+
+
+--
 -- Name: compute_tenant_running(text); Type: FUNCTION; Schema: public; Owner: -
 --
 

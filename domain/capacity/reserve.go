@@ -103,6 +103,10 @@ func ReserveTx(ctx context.Context, tx pgx.Tx, p *ReserveParams) (*Reservation, 
 	return out, nil
 }
 
+// tenantReservableSQL refuses a reservation of a suspended or deleted tenant
+// (migrations/tenancy/0001_tenant_states.sql): BC010, CONFLICT.
+const tenantReservableSQL = `SELECT compute_tenant_reservable($1)`
+
 // reserveSavepoint is the savepoint of reserveFast. Named by the statement that
 // opens it (not by pgx), so that it goes in one round trip with the first
 // statement; a savepoint of the same name that the caller holds is only hidden
@@ -135,12 +139,16 @@ func reserveFast(ctx context.Context, tx pgx.Tx, p *ReserveParams) (_ *Reservati
 	)
 	b := &pgx.Batch{}
 	b.Queue("SAVEPOINT " + reserveSavepoint)
+	b.Queue(tenantReservableSQL, p.Tenant)
 	b.Queue(`SELECT * FROM capacity_reserve_fast($1, $2, $3, $4, $5, $6, $7)`,
 		p.PoolID, p.Tenant, p.Start, p.End, p.Devices, p.TTL.Seconds(), rand.Int32())
 	res := tx.SendBatch(ctx, b)
 	_, err = res.Exec()
 	if err == nil {
 		open = true
+		_, err = res.Exec()
+	}
+	if err == nil {
 		err = res.QueryRow().Scan(&outcome, &limit, &used, &id, &start, &end, &exp, &at, &shards, &devices, &nodes, &stripes)
 	}
 	if cerr := res.Close(); err == nil {
@@ -215,6 +223,9 @@ func reserve(ctx context.Context, tx pgx.Tx, p *ReserveParams) (*Reservation, er
 	// statement (a new row: nobody else can lock it; its foreign key takes the
 	// pool's key-share lock after the quota row, in lock order).
 	r := &Reservation{PoolID: p.PoolID, Tenant: p.Tenant, State: Hold, DeviceCount: p.Devices, Version: 1}
+	if _, err := tx.Exec(ctx, tenantReservableSQL, p.Tenant); err != nil {
+		return nil, translate(err, "reservation of %s in pool %s", p.Tenant, p.PoolID)
+	}
 	var shards int
 	err := tx.QueryRow(ctx, `
 WITH q AS (

@@ -113,3 +113,22 @@ BEGIN
     RETURN got AND ok;
 END
 $body$;
+
+-- compute_tenant_reservable(t): the check a reservation of t makes first
+-- (domain/capacity), in its transaction: a suspended or deleted tenant's
+-- reservation raises BC010 (CONFLICT); its bookings stay. t's row, if any, is
+-- held FOR SHARE until the transaction ends, so a suspend waits for the
+-- reservations in flight and none commits after it. A tenant no work has
+-- named may reserve.
+CREATE FUNCTION compute_tenant_reservable(t text) RETURNS void
+    LANGUAGE plpgsql
+    AS $body$
+DECLARE
+    st text;
+BEGIN
+    SELECT x.state INTO st FROM compute_tenants x WHERE x.name = t FOR SHARE;
+    IF st IN ('suspended', 'deleted') THEN
+        RAISE EXCEPTION 'tenant % is %: its reservations are refused', t, st USING ERRCODE = 'BC010';
+    END IF;
+END
+$body$;
