@@ -130,6 +130,7 @@ func (a *App) commands() ([]*command, error) {
 		backfillCommand(),
 		sinksCommand(),
 		workflowCommand(),
+		tenantCommand(),
 	}
 	if err := checkCommands(cmds, a.Commands); err != nil {
 		return nil, err
