@@ -21,6 +21,18 @@ import (
 func builtinModules() []Module {
 	return []Module{
 		{
+			Name: "tenancy",
+			// Tenants: the held work of suspended tenants and each tenant's
+			// limit are kept by the engine (workers); the module adds the
+			// operator's endpoints, metrics and doctor check (the tenant
+			// command is built in).
+			Metrics: func(db *pg.Pool, _ *workers.Registry) ([]prometheus.Collector, error) {
+				return []prometheus.Collector{newTenantCollector(db)}, nil
+			},
+			Routes: tenantRoutes,
+			Checks: tenantChecks,
+		},
+		{
 			Name: "outbox",
 			// The outbox machinery runs in every worker process: sink delivery,
 			// table dispatcher passes, and retention of the event log (which runs
