@@ -409,10 +409,10 @@ $$;
 
 
 --
--- Name: compute_append_event(text, text, jsonb, text); Type: PROCEDURE; Schema: public; Owner: -
+-- Name: compute_append_event(text, text, jsonb, text, text); Type: PROCEDURE; Schema: public; Owner: -
 --
 
-CREATE PROCEDURE public.compute_append_event(IN event_topic text, IN event_key text, IN event_payload jsonb, IN event_cause text DEFAULT NULL::text)
+CREATE PROCEDURE public.compute_append_event(IN event_topic text, IN event_key text, IN event_payload jsonb, IN event_cause text DEFAULT NULL::text, IN event_tenant text DEFAULT NULL::text)
     LANGUAGE plpgsql
     AS $$
 BEGIN
@@ -427,7 +427,11 @@ BEGIN
     IF event_cause IS NOT NULL AND (length(event_cause) <> 55 OR left(event_cause, 3) <> '00-') THEN
         event_cause := NULL;
     END IF;
-    INSERT INTO compute_events (topic, key, payload, cause) VALUES (event_topic, event_key, event_payload, event_cause);
+    IF event_tenant IS NOT NULL THEN
+        PERFORM compute_tenant_use(event_tenant);
+    END IF;
+    INSERT INTO compute_events (topic, key, payload, cause, tenant)
+    VALUES (event_topic, event_key, event_payload, event_cause, event_tenant);
 END
 $$;
 
@@ -1605,7 +1609,8 @@ CREATE TABLE public.compute_events (
     key text DEFAULT ''::text NOT NULL,
     payload jsonb DEFAULT 'null'::jsonb NOT NULL,
     created_at timestamp with time zone DEFAULT public.compute_now() NOT NULL,
-    cause text
+    cause text,
+    tenant text
 );
 
 

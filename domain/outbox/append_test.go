@@ -13,6 +13,8 @@ import (
 
 	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/domain/outbox/outboxtest"
+	"github.com/bettercompute/bettercompute/jobs"
+	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
 	"github.com/bettercompute/bettercompute/platform/tracing"
@@ -158,4 +160,44 @@ func TestAppendRecordsItsCause(t *testing.T) {
 		"traced": {cause}, "traced-many": {cause, cause, cause}, "unsampled": {"", ""}, "no-span": {""}, "malformed": {""},
 	}, got)
 	require.Equal(t, 4, db.MustCount(t, `SELECT count(*) FROM compute_events WHERE cause IS NULL`))
+}
+
+// TestAppendRecordsItsTenant: an event records the tenant AppendTx's context
+// names (one event or several), none without one; a suspended tenant's events
+// are appended, a deleted tenant's and a bad name's are refused with nothing
+// appended.
+func TestAppendRecordsItsTenant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	appendN := func(ctx context.Context, topic string, n int) error {
+		msgs := make([]outbox.Message, n)
+		for i := range msgs {
+			msgs[i] = outbox.Message{Topic: topic}
+		}
+		return pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error { return outbox.AppendTx(ctx, tx, msgs...) })
+	}
+	acme := jobs.WithTenant(ctx, "acme")
+	require.NoError(t, appendN(acme, "one", 1))
+	require.NoError(t, appendN(acme, "many", 3))
+	require.NoError(t, appendN(ctx, "none", 1))
+	db.MustExec(t, `SELECT compute_tenant_use('held'), compute_tenant_use('gone')`)
+	db.MustExec(t, `UPDATE compute_tenants SET state = 'suspended' WHERE name = 'held'`)
+	db.MustExec(t, `UPDATE compute_tenants SET state = 'deleted' WHERE name = 'gone'`)
+	require.NoError(t, appendN(jobs.WithTenant(ctx, "held"), "held", 2))
+	for _, n := range []int{1, 2} {
+		err := appendN(jobs.WithTenant(ctx, "gone"), "gone", n)
+		require.Equal(t, fault.Conflict, fault.CodeOf(err), "%v", err)
+		err = appendN(jobs.WithTenant(ctx, "bad name"), "bad", n)
+		require.Equal(t, fault.InvalidArgument, fault.CodeOf(err), "%v", err)
+	}
+
+	events, _ := outboxtest.ReadN(t, db.Pool, outbox.Cursor{}, 7)
+	got := map[string][]string{}
+	for _, e := range events {
+		got[e.Topic] = append(got[e.Topic], e.Tenant)
+	}
+	require.Equal(t, map[string][]string{
+		"one": {"acme"}, "many": {"acme", "acme", "acme"}, "none": {""}, "held": {"held", "held"},
+	}, got)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/tracing"
@@ -40,6 +41,9 @@ type Event struct {
 	// (tracing.Cause of AppendTx's context), "" when it had no sampled span: a
 	// sink's delivery span is caused by it. The SSE stream does not show it.
 	Cause string
+	// Tenant is the tenant AppendTx's context named (workers.WithTenant), ""
+	// for none.
+	Tenant string
 }
 
 // maxTopicLen and MaxKeyLen bound a Message's topic and key.
@@ -90,11 +94,13 @@ func (m Message) validate() error {
 // an INSERT sent as an unnamed statement (the only kind the pool sends) is
 // parsed, rewritten and planned again at every call. $3 is the payload's JSON
 // text, which the procedure's jsonb parameter parses; $4 the caller's cause
-// (a traceparent, or NULL; migration outbox/0004_cause).
-const appendOneSQL = `CALL compute_append_event($1, $2, $3, $4)`
+// (a traceparent, or NULL; migration outbox/0004_cause); $5 the context's
+// tenant, or NULL (migration outbox/0005_tenant).
+const appendOneSQL = `CALL compute_append_event($1, $2, $3, $4, $5)`
 
-const appendManySQL = `INSERT INTO compute_events (topic, key, payload, cause)
-SELECT t, k, p::jsonb, $4::text FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS m(t, k, p, i) ORDER BY i`
+// appendManySQL's tenant ($5) has been through jobs.UseTenantTx.
+const appendManySQL = `INSERT INTO compute_events (topic, key, payload, cause, tenant)
+SELECT t, k, p::jsonb, $4::text, $5::text FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS m(t, k, p, i) ORDER BY i`
 
 // Append writes msgs to the event log in tx, the caller's transaction: if tx
 // rolls back, so do the events; once it commits, every sink delivers them (at
@@ -109,7 +115,11 @@ SELECT t, k, p::jsonb, $4::text FROM unnest($1::text[], $2::text[], $3::text[]) 
 //	})
 //
 // The span of ctx, if sampled, is recorded as each event's cause (Event.Cause):
-// the delivery of the event is a span caused by it.
+// the delivery of the event is a span caused by it. The tenant ctx names
+// (workers.WithTenant), if any, is recorded as each event's Tenant: a deleted
+// tenant's events are refused (CONFLICT), a suspended tenant's are appended
+// and delivered (an event records a change that committed; holding some back
+// would reorder the log every sink reads in order).
 //
 // It returns INVALID_ARGUMENT for an empty or long topic, a long key, a topic
 // or key that is not valid UTF-8 or holds a NUL byte, or a payload that is not
@@ -128,7 +138,7 @@ func AppendTx(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, appendOneSQL, m.Topic, m.Key, p, tracing.CauseOrNil(ctx)); err != nil {
+		if _, err := tx.Exec(ctx, appendOneSQL, m.Topic, m.Key, p, tracing.CauseOrNil(ctx), tenantOrNil(ctx)); err != nil {
 			return pg.Translate(fmt.Errorf("error appending event %s: %w", m.Topic, err))
 		}
 		return nil
@@ -146,7 +156,13 @@ func AppendTx(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 		}
 		topics[i], keys[i], payloads[i] = m.Topic, m.Key, p
 	}
-	if _, err := tx.Exec(ctx, appendManySQL, topics, keys, payloads, tracing.CauseOrNil(ctx)); err != nil {
+	tenant := tenantOrNil(ctx)
+	if tenant != nil {
+		if err := jobs.UseTenantTx(ctx, tx, *tenant); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.Exec(ctx, appendManySQL, topics, keys, payloads, tracing.CauseOrNil(ctx), tenant); err != nil {
 		return pg.Translate(fmt.Errorf("error appending %d events: %w", len(msgs), err))
 	}
 	return nil
@@ -177,11 +193,11 @@ const readStreamSQL = readSelect + `,
 
 const readSelect = `
 SELECT s.txid::text AS txid_text, s.seq, s.topic, s.key,
-       CASE WHEN s.wanted THEN s.payload::text END AS payload_text, s.created_at, s.wanted, s.cause`
+       CASE WHEN s.wanted THEN s.payload::text END AS payload_text, s.created_at, s.wanted, s.cause, s.tenant`
 
 const readFrom = `
 FROM (
-    SELECT e.txid, e.seq, e.topic, e.key, e.payload, e.created_at, e.cause,
+    SELECT e.txid, e.seq, e.topic, e.key, e.payload, e.created_at, e.cause, e.tenant,
            (cardinality($4::text[]) = 0 OR e.topic = ANY($4::text[])) AS wanted
     FROM compute_events e
     WHERE e.txid < pg_snapshot_xmin(pg_current_snapshot())
@@ -190,6 +206,14 @@ FROM (
     LIMIT $3
 ) s
 ORDER BY s.txid, s.seq`
+
+// tenantOrNil is the tenant ctx names (jobs.TenantOf), nil for none.
+func tenantOrNil(ctx context.Context) *string {
+	if t := jobs.TenantOf(ctx); t != "" {
+		return &t
+	}
+	return nil
+}
 
 // Read reads the next events after o.After with seed 000's rule: only rows of
 // transactions below the snapshot's xmin (all ended), after the cursor, in
@@ -250,9 +274,10 @@ func read(ctx context.Context, db pg.DBTX, o ReadOptions, withHorizon bool) (bat
 			wanted  bool
 			hz      *string
 			cause   *string
+			tenant  *string
 			e       Event
 		)
-		dest := []any{&txid, &e.ID.Seq, &e.Topic, &e.Key, &payload, &e.CreatedAt, &wanted, &cause}
+		dest := []any{&txid, &e.ID.Seq, &e.Topic, &e.Key, &payload, &e.CreatedAt, &wanted, &cause, &tenant}
 		if withHorizon {
 			dest = append(dest, &hz)
 		}
@@ -283,6 +308,9 @@ func read(ctx context.Context, db pg.DBTX, o ReadOptions, withHorizon bool) (bat
 			}
 			if cause != nil {
 				e.Cause = *cause
+			}
+			if tenant != nil {
+				e.Tenant = *tenant
 			}
 			b.events = append(b.events, e)
 		}
