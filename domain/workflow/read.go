@@ -20,7 +20,7 @@ func Get(ctx context.Context, db pg.DBTX, id string) (*Info, error) {
 	if err := ValidateID(id); err != nil {
 		return nil, err
 	}
-	i, err := scanInfo(db.QueryRow(ctx, `SELECT `+infoColumns+` FROM compute_workflows w WHERE w.id = $1`, id))
+	i, err := scanInfo(db.QueryRow(ctx, `SELECT `+readColumns+` FROM compute_workflows w WHERE w.id = $1`, id), true)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fault.New(fault.NotFound, "no workflow %s", id)
 	}
@@ -38,9 +38,11 @@ type ListOpts struct {
 	Limit int
 	// Before, for the next page: only workflows created before this one.
 	Before string
+	// Tenant keeps only the tenant's workflows ("": every workflow's).
+	Tenant string
 }
 
-// List returns workflows, newest first, filtered by kind and status.
+// List returns workflows, newest first, filtered by kind, status and tenant.
 func List(ctx context.Context, db pg.DBTX, o ListOpts) ([]Info, error) {
 	if o.Limit <= 0 {
 		o.Limit = 100
@@ -57,21 +59,24 @@ func List(ctx context.Context, db pg.DBTX, o ListOpts) ([]Info, error) {
 	if err := fault.CheckText("list workflows: before", o.Before); err != nil {
 		return nil, err
 	}
+	if err := fault.CheckText("list workflows: tenant", o.Tenant); err != nil {
+		return nil, err
+	}
 	var before any
 	if o.Before != "" {
 		before = o.Before
 	}
-	rows, err := db.Query(ctx, `SELECT `+infoColumns+` FROM compute_workflows w
-WHERE ($1 = '' OR w.kind = $1) AND ($2 = '' OR w.status = $2)
+	rows, err := db.Query(ctx, `SELECT `+readColumns+` FROM compute_workflows w
+WHERE ($1 = '' OR w.kind = $1) AND ($2 = '' OR w.status = $2) AND ($5 = '' OR w.tenant = $5)
   AND ($3::text IS NULL OR (w.created_at, w.id) < (SELECT b.created_at, b.id FROM compute_workflows b WHERE b.id = $3))
-ORDER BY w.created_at DESC, w.id DESC LIMIT $4`, o.Kind, string(o.Status), before, o.Limit)
+ORDER BY w.created_at DESC, w.id DESC LIMIT $4`, o.Kind, string(o.Status), before, o.Limit, o.Tenant)
 	if err != nil {
 		return nil, pg.Translate(fmt.Errorf("error listing workflows: %w", err))
 	}
 	defer rows.Close()
 	var out []Info
 	for rows.Next() {
-		i, err := scanInfo(rows)
+		i, err := scanInfo(rows, true)
 		if err != nil {
 			return nil, pg.Translate(err)
 		}

@@ -40,6 +40,9 @@ type Info struct {
 	CreatedAt  time.Time       `json:"created_at"`
 	UpdatedAt  time.Time       `json:"updated_at"`
 	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+	// Tenant is the tenant the workflow's work is done for ("" for none); set
+	// by Get and List.
+	Tenant string `json:"tenant,omitempty"`
 	// Now is compute_now() when the row was read.
 	Now time.Time `json:"-"`
 }
@@ -56,14 +59,22 @@ const infoColumns = `w.id, w.kind, w.status, w.step, w.seq, w.job_id, w.input, w
        coalesce(w.error, ''), w.wait, w.wake_at, coalesce(w.parent_id, ''), coalesce(w.parent_seq, 0),
        w.created_at, w.updated_at, w.finished_at, compute_now()`
 
-func scanInfo(row pgx.Row) (*Info, error) {
+// readColumns are infoColumns and the tenant, for scanInfo(row, true).
+const readColumns = infoColumns + `, coalesce(w.tenant, '')`
+
+// scanInfo scans infoColumns, or readColumns withTenant.
+func scanInfo(row pgx.Row, withTenant ...bool) (*Info, error) {
 	var (
 		i      Info
 		status string
 		wait   []byte
 	)
-	err := row.Scan(&i.ID, &i.Kind, &status, &i.Step, &i.Seq, &i.JobID, &i.Input, &i.State, &i.Result,
-		&i.Error, &wait, &i.WakeAt, &i.ParentID, &i.ParentSeq, &i.CreatedAt, &i.UpdatedAt, &i.FinishedAt, &i.Now)
+	dest := []any{&i.ID, &i.Kind, &status, &i.Step, &i.Seq, &i.JobID, &i.Input, &i.State, &i.Result,
+		&i.Error, &wait, &i.WakeAt, &i.ParentID, &i.ParentSeq, &i.CreatedAt, &i.UpdatedAt, &i.FinishedAt, &i.Now}
+	if len(withTenant) > 0 && withTenant[0] {
+		dest = append(dest, &i.Tenant)
+	}
+	err := row.Scan(dest...)
 	if err != nil {
 		return nil, err
 	}

@@ -22,9 +22,9 @@ import (
 // The workflow routes of serve (see routes): read-only views of
 // domain/workflow, behind serve's guards like River UI.
 //
-//	GET /v1/workflows?kind=&status=&limit=&before=   {"workflows": [...], "next_before": "ID"}
+//	GET /v1/workflows?kind=&status=&tenant=&limit=&before=   {"workflows": [...], "next_before": "ID"}
 //	GET /v1/workflows/{id}                           {"workflow": {...}, "history": [...]}
-//	GET /workflows?kind=&status=&limit=&before=      the HTML list, with a filter form
+//	GET /workflows?kind=&status=&tenant=&limit=&before=      the HTML list, with a filter form
 //	GET /workflows/{id}                              one workflow and the timeline of its steps
 //
 // An id may hold slashes (a child's default id is PARENT/SEQ.N), so {id} is the
@@ -51,7 +51,8 @@ type workflowsList struct {
 // for a bad one).
 func parseWorkflowsQuery(r *http.Request) (workflow.ListOpts, error) {
 	q := r.URL.Query()
-	o := workflow.ListOpts{Kind: strings.TrimSpace(q.Get("kind")), Limit: workflowsListLimit, Before: q.Get("before")}
+	o := workflow.ListOpts{Kind: strings.TrimSpace(q.Get("kind")), Tenant: strings.TrimSpace(q.Get("tenant")),
+		Limit: workflowsListLimit, Before: q.Get("before")}
 	if s := q.Get("status"); s != "" {
 		st, err := workflow.ParseStatus(s)
 		if err != nil {
@@ -173,7 +174,7 @@ func workflowsPage(s *Session, db *pg.Pool, log zerolog.Logger) http.Handler {
 			writePageError(w, r, log, err)
 			return
 		}
-		data := listPageData{Page: page, Kind: o.Kind, Status: string(o.Status), Limit: o.Limit, Kinds: kinds, Before: o.Before}
+		data := listPageData{Page: page, Kind: o.Kind, Status: string(o.Status), Tenant: o.Tenant, Limit: o.Limit, Kinds: kinds, Before: o.Before}
 		for _, st := range workflow.Statuses {
 			data.Statuses = append(data.Statuses, string(st))
 		}
@@ -184,6 +185,9 @@ func workflowsPage(s *Session, db *pg.Pool, log zerolog.Logger) http.Handler {
 			}
 			if o.Status != "" {
 				q.Set("status", string(o.Status))
+			}
+			if o.Tenant != "" {
+				q.Set("tenant", o.Tenant)
 			}
 			if o.Limit != workflowsListLimit {
 				q.Set("limit", strconv.Itoa(o.Limit))
@@ -216,6 +220,7 @@ type listPageData struct {
 	Page     workflowsList
 	Kind     string
 	Status   string
+	Tenant   string
 	Limit    int
 	Before   string
 	Kinds    []string
@@ -339,17 +344,19 @@ input, select, button { font: inherit; padding: .25rem .4rem; }
 <label>Kind <input name="kind" value="{{.Kind}}" list="kinds" placeholder="any" size="18"></label>
 <datalist id="kinds">{{range .Kinds}}<option value="{{.}}">{{end}}</datalist>
 <label>Status <select name="status"><option value="">any</option>{{$st := .Status}}{{range .Statuses}}<option value="{{.}}"{{if eq . $st}} selected{{end}}>{{.}}</option>{{end}}</select></label>
+<label>Tenant <input name="tenant" value="{{.Tenant}}" placeholder="any" size="14"></label>
 <label>Limit <input name="limit" type="number" min="1" max="1000" value="{{.Limit}}" size="5"></label>
 <button type="submit">Filter</button>
 <a href="/workflows">clear</a>
 </form>
 {{if .Page.Workflows}}
 <table>
-<thead><tr><th>ID</th><th>Kind</th><th>Status</th><th>Step</th><th>Seq</th><th>Updated</th><th>Error</th></tr></thead>
+<thead><tr><th>ID</th><th>Kind</th><th>Tenant</th><th>Status</th><th>Step</th><th>Seq</th><th>Updated</th><th>Error</th></tr></thead>
 <tbody>
 {{range .Page.Workflows}}<tr>
 <td class="mono"><a href="{{wfURL .ID}}">{{.ID}}</a></td>
 <td>{{.Kind}}</td>
+<td>{{if .Tenant}}<a href="/workflows?tenant={{.Tenant}}">{{.Tenant}}</a>{{end}}</td>
 <td><span class="st st-{{.Status}}">{{.Status}}</span></td>
 <td>{{.Step}}</td>
 <td class="num">{{.Seq}}</td>
@@ -360,7 +367,7 @@ input, select, button { font: inherit; padding: .25rem .4rem; }
 </table>
 {{if .NextURL}}<p><a href="{{.NextURL}}">Next page →</a></p>{{end}}
 {{else}}
-<p class="muted">No workflows{{if .Kind}} of kind {{.Kind}}{{end}}{{if .Status}} with status {{.Status}}{{end}}{{if .Before}} created before {{.Before}}{{end}}.</p>
+<p class="muted">No workflows{{if .Kind}} of kind {{.Kind}}{{end}}{{if .Status}} with status {{.Status}}{{end}}{{if .Tenant}} of tenant {{.Tenant}}{{end}}{{if .Before}} created before {{.Before}}{{end}}.</p>
 {{end}}
 {{template "foot"}}{{end}}
 
@@ -369,6 +376,7 @@ input, select, button { font: inherit; padding: .25rem .4rem; }
 <h1>{{$w.ID}} <span class="st st-{{$w.Status}}">{{$w.Status}}</span></h1>
 <table class="fields">
 <tr><th>Kind</th><td>{{$w.Kind}}</td></tr>
+{{if $w.Tenant}}<tr><th>Tenant</th><td><a href="/workflows?tenant={{$w.Tenant}}">{{$w.Tenant}}</a> <span class="muted">(<a href="/v1/tenants/{{$w.Tenant}}">its state and limit</a>)</span></td></tr>{{end}}
 <tr><th>Status</th><td>{{status $w}}</td></tr>
 <tr><th>Step</th><td>{{$w.Step}}</td></tr>
 <tr><th>Seq</th><td>{{$w.Seq}}</td></tr>
