@@ -414,7 +414,7 @@ $$;
 
 CREATE PROCEDURE public.compute_append_event(IN event_topic text, IN event_key text, IN event_payload jsonb, IN event_cause text DEFAULT NULL::text, IN event_tenant text DEFAULT NULL::text)
     LANGUAGE plpgsql
-    AS $$
+    AS $_$
 BEGIN
     IF event_topic = '' OR length(event_topic) > 200 THEN
         RAISE EXCEPTION 'event topic must be 1 to 200 characters, got %', length(event_topic)
@@ -427,13 +427,14 @@ BEGIN
     IF event_cause IS NOT NULL AND (length(event_cause) <> 55 OR left(event_cause, 3) <> '00-') THEN
         event_cause := NULL;
     END IF;
-    IF event_tenant IS NOT NULL THEN
-        PERFORM compute_tenant_use(event_tenant);
+    IF event_tenant IS NOT NULL AND event_tenant !~ '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$' THEN
+        RAISE EXCEPTION 'tenant %: want 1 to 200 of [A-Za-z0-9._:@-], starting with a letter or digit', quote_literal(event_tenant)
+            USING ERRCODE = '22023';
     END IF;
     INSERT INTO compute_events (topic, key, payload, cause, tenant)
     VALUES (event_topic, event_key, event_payload, event_cause, event_tenant);
 END
-$$;
+$_$;
 
 
 --

@@ -98,7 +98,7 @@ func (m Message) validate() error {
 // tenant, or NULL (migration outbox/0005_tenant).
 const appendOneSQL = `CALL compute_append_event($1, $2, $3, $4, $5)`
 
-// appendManySQL's tenant ($5) has been through jobs.UseTenantTx.
+// appendManySQL's tenant ($5) has been through jobs.ValidateTenant.
 const appendManySQL = `INSERT INTO compute_events (topic, key, payload, cause, tenant)
 SELECT t, k, p::jsonb, $4::text, $5::text FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS m(t, k, p, i) ORDER BY i`
 
@@ -116,10 +116,10 @@ SELECT t, k, p::jsonb, $4::text, $5::text FROM unnest($1::text[], $2::text[], $3
 //
 // The span of ctx, if sampled, is recorded as each event's cause (Event.Cause):
 // the delivery of the event is a span caused by it. The tenant ctx names
-// (workers.WithTenant), if any, is recorded as each event's Tenant: a deleted
-// tenant's events are refused (CONFLICT), a suspended tenant's are appended
-// and delivered (an event records a change that committed; holding some back
-// would reorder the log every sink reads in order).
+// (workers.WithTenant), if any, is recorded as each event's Tenant, whatever
+// the tenant's state: an event records a change that commits with it (holding
+// a suspended tenant's back would reorder the log every sink reads in order;
+// a deleted tenant's workflow compensation may announce what it undid).
 //
 // It returns INVALID_ARGUMENT for an empty or long topic, a long key, a topic
 // or key that is not valid UTF-8 or holds a NUL byte, or a payload that is not
@@ -158,7 +158,7 @@ func AppendTx(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	}
 	tenant := tenantOrNil(ctx)
 	if tenant != nil {
-		if err := jobs.UseTenantTx(ctx, tx, *tenant); err != nil {
+		if err := jobs.ValidateTenant(*tenant); err != nil {
 			return err
 		}
 	}

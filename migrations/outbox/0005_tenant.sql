@@ -1,10 +1,10 @@
 -- outbox/0005_tenant: an event records the tenant its appending context named
 -- (workers.WithTenant; NULL for none), so sinks and readers can tell whose it
--- is. Appending names the tenant the way enqueueing does (compute_tenant_use:
--- a bad name is refused with 22023, a deleted tenant with BC010). Events of a
--- suspended tenant are appended and delivered like any other: an event records
--- a change that has committed, and holding some of them back would reorder the
--- log every sink reads in order (see docs/tenancy.md).
+-- is; a bad name is refused with 22023. An event is not work the tenant's
+-- state governs: it records a change that commits with it, so a suspended
+-- tenant's events are delivered like any other (holding some back would
+-- reorder the log every sink reads in order), and a deleted tenant's workflow
+-- compensation can still announce what it undid (see docs/tenancy.md).
 ALTER TABLE compute_events ADD COLUMN tenant text;
 
 -- compute_append_event as in outbox/0004, with the tenant: dropped and created
@@ -28,8 +28,9 @@ BEGIN
     IF event_cause IS NOT NULL AND (length(event_cause) <> 55 OR left(event_cause, 3) <> '00-') THEN
         event_cause := NULL;
     END IF;
-    IF event_tenant IS NOT NULL THEN
-        PERFORM compute_tenant_use(event_tenant);
+    IF event_tenant IS NOT NULL AND event_tenant !~ '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$' THEN
+        RAISE EXCEPTION 'tenant %: want 1 to 200 of [A-Za-z0-9._:@-], starting with a letter or digit', quote_literal(event_tenant)
+            USING ERRCODE = '22023';
     END IF;
     INSERT INTO compute_events (topic, key, payload, cause, tenant)
     VALUES (event_topic, event_key, event_payload, event_cause, event_tenant);
