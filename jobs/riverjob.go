@@ -258,7 +258,10 @@ func CountRunning(ctx context.Context, db pg.DBTX) (int, error) {
 
 // dueByQueueSQL: see DueByQueue.
 const dueByQueueSQL = `SELECT queue, count(*), extract(epoch FROM compute_now() - min(scheduled_at))
-		FROM river_job WHERE state IN ('available', 'retryable') AND scheduled_at <= compute_now() GROUP BY 1 ORDER BY 2 DESC`
+		FROM river_job j WHERE state IN ('available', 'retryable') AND scheduled_at <= compute_now()
+		AND NOT (metadata ? 'tenant' AND EXISTS (SELECT 1 FROM compute_tenants t
+		                                        WHERE t.name = j.metadata->>'tenant' AND t.state = 'suspended'))
+		GROUP BY 1 ORDER BY 2 DESC`
 
 // QueueDepth is the jobs of one queue due by compute_now(): how many, and how
 // long the oldest has been due.
@@ -269,7 +272,9 @@ type QueueDepth struct {
 }
 
 // DueByQueue returns the depth of each queue with jobs due (available or
-// retryable, scheduled by compute_now()), the deepest first.
+// retryable, scheduled by compute_now()), the deepest first. A suspended
+// tenant's jobs are not due: they are held by an operator's choice until it
+// is resumed, and doctor's tenants check counts them.
 func DueByQueue(ctx context.Context, db pg.DBTX) ([]QueueDepth, error) {
 	rows, err := db.Query(ctx, dueByQueueSQL)
 	if err != nil {

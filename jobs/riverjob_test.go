@@ -47,6 +47,7 @@ func riverJobStatements() map[string]string {
 		"WakeDueWorkflowsSQL":        WakeDueWorkflowsSQL,
 		"CancelWorkflowJobsSQL":      CancelWorkflowJobsSQL,
 		"StuckWorkflowsSQL":          StuckWorkflowsSQL,
+		"CancelTenantWorkSQL":        CancelTenantWorkSQL,
 	}
 }
 
@@ -267,11 +268,18 @@ attempted_at = clock_timestamp() - make_interval(secs => $2), attempted_by = arr
 		}
 		return dirtyTx(ctx, tx, "item", "later", time.Hour)
 	})
+	// A suspended tenant's job is held, not due.
+	inTx(t, func(tx pgx.Tx) error {
+		_, err := InsertTx(WithTenant(ctx, "held"), tx, testArgs{Key: "k"}, &river.InsertOpts{Queue: queue})
+		return err
+	})
+	db.MustExec(t, `UPDATE compute_tenants SET state = 'suspended' WHERE name = 'held'`)
 	depths, err := DueByQueue(ctx, db)
 	require.NoError(t, err)
 	require.Len(t, depths, 1)
 	require.Equal(t, queue, depths[0].Queue)
 	require.Equal(t, 1, depths[0].Jobs)
+	db.MustExec(t, `DELETE FROM river_job WHERE metadata->>'tenant' = 'held'`)
 	counts, err := CountUnfinished(ctx, db)
 	require.NoError(t, err)
 	require.Equal(t, []QueueCount{{Queue: queue, State: "available", Jobs: 1}}, counts)
