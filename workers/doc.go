@@ -109,4 +109,15 @@
 // transaction is a span event, and each lease round that acquired, renewed or
 // lost a lease is a span (see tracing.go). With it nil, none of this is
 // installed.
+//
+// # Tenants
+//
+// A context may name the tenant its work is for (WithTenant): DirtyTx and
+// InsertForKeyTx record it on the key or the job, and the work run for it
+// gets a context that names it (TenantOf), so what that enqueues is the
+// tenant's too. A shard's holder then takes due keys, and River fetches jobs,
+// round-robin across tenants, each tenant running at most its limit of units
+// across every process; a suspended tenant's work is held where it waits, and
+// a workflow of one parks at its next step boundary. Work that names no
+// tenant is taken as before (domain/tenancy, docs/tenancy.md).
 package workers

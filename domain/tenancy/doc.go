@@ -19,9 +19,10 @@
 //	    workflow steps do not start, a running one finishes and a workflow
 //	    parks at its next step boundary; its reservations are refused, its
 //	    bookings stay. Resume runs it all.
-//	  - deleted: its waiting jobs are cancelled, its dirty keys dropped, its
-//	    unfinished workflows cancelled (each compensation runs once); new work
-//	    is CONFLICT. The application's own rows are left alone.
+//	  - deleted: its waiting jobs are cancelled, its dirty keys dropped (DeleteTx),
+//	    its unfinished workflows cancelled, each compensation running once
+//	    (workflow.CancelTenantTx, in the same transaction); new work is
+//	    CONFLICT. The application's own rows are left alone.
 //
 // # Invariants
 //
