@@ -5,7 +5,10 @@
 // The application side of the example is Change: it changes an item and marks it
 // dirty in one transaction. The reconciler copies qty to reconciled_qty. A task
 // (InsertTask) is a fenced job of the application's own: its one write is
-// recorded in example_task_runs, so tests can count how often it ran.
+// recorded in example_task_runs, so tests can count how often it ran, with
+// when its transaction started and finished; EXAMPLE_TASK_SLEEP holds the
+// transaction open between the two, so tests can count the tasks of a tenant
+// running at once.
 //
 // Order is a durable workflow (domain/workflow) of three transactional steps,
 // reserve, charge and confirm, each writing one row of
@@ -124,7 +127,8 @@ func Change(ctx context.Context, db *pg.Pool, id string, qty int64) error {
 }
 
 // Task is the example's own fenced job: it records its run in its shard's
-// fenced transaction.
+// fenced transaction. Its tenant, if any, is the job's (workers.WithTenant
+// where it is inserted): the job's metadata carries it.
 type Task struct {
 	ID string `json:"id"`
 }
@@ -134,10 +138,29 @@ func (Task) Kind() string { return "example_task" }
 
 type taskWorker struct{ river.WorkerDefaults[Task] }
 
+// Work records the task's run, with when its fenced transaction started and
+// finished (the database's wall clock). With EXAMPLE_TASK_SLEEP set (a
+// duration), it reads the start first and then holds the transaction open that
+// long, so tests can count the tasks running at once and kill or pause a
+// worker mid-task; without it the run is the one statement it always was,
+// started_at the time it was recorded.
 func (w *taskWorker) Work(ctx context.Context, job *river.Job[Task]) error {
 	return workers.InTx(ctx, job, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO example_task_runs (task_id, job_id, worker) VALUES ($1, $2, $3)`,
-			job.Args.ID, job.ID, strconv.Itoa(os.Getpid()))
+		var started *time.Time
+		if d, err := time.ParseDuration(os.Getenv("EXAMPLE_TASK_SLEEP")); err == nil && d > 0 {
+			started = new(time.Time)
+			if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(started); err != nil {
+				return err
+			}
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO example_task_runs (task_id, job_id, worker, started_at, finished_at)
+			VALUES ($1, $2, $3, coalesce($4, clock_timestamp()), clock_timestamp())`,
+			job.Args.ID, job.ID, strconv.Itoa(os.Getpid()), started)
 		return err
 	})
 }
