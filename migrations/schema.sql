@@ -582,8 +582,9 @@ DECLARE
     lim    int;
     n      bigint;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM river_job j
-                   WHERE j.state = 'available' AND j.queue = q AND coalesce(j.metadata ->> 'tenant', '') > '') THEN
+    IF (SELECT coalesce(j.metadata ->> 'tenant', '') FROM river_job j
+        WHERE j.state = 'available' AND j.queue = q AND coalesce(j.metadata ->> 'tenant', '') > ''
+        ORDER BY 1 LIMIT 1) IS NULL THEN
         RETURN QUERY
         WITH locked_jobs AS (
             SELECT j.id FROM river_job j
@@ -623,13 +624,38 @@ BEGIN
         SELECT x.state, x.max_running INTO st, lim FROM compute_tenants x WHERE x.name = g;
         CONTINUE WHEN st = 'suspended';
         lim := coalesce(lim, 10);
-        PERFORM pg_advisory_xact_lock(compute_tenant_key(g), -1);
+        -- its River jobs running: a lower bound of compute_tenant_running,
+        -- read without pg_locks
+        n := (SELECT count(*) FROM river_job j
+              WHERE j.state = 'running' AND j.metadata ? 'tenant' AND (j.metadata ->> 'tenant') = g);
+        CONTINUE WHEN n >= lim;
+        IF NOT pg_try_advisory_xact_lock(compute_tenant_key(g), -1) THEN
+            -- held by another fetch or batch: a backlog here (its limit of
+            -- jobs available in q, or more) is left to the holder; fewer jobs
+            -- wait for the gate
+            CONTINUE WHEN (SELECT count(*) FROM (SELECT FROM river_job j
+                                                 WHERE j.state = 'available' AND j.queue = q
+                                                   AND coalesce(j.metadata ->> 'tenant', '') = g
+                                                 LIMIT lim) x) >= lim;
+            PERFORM pg_advisory_xact_lock(compute_tenant_key(g), -1);
+        END IF;
         n := lim - compute_tenant_running(g);
         IF n > 0 THEN
             names := names || g;
             allows := allows || least(n, max_to_lock)::int;
         END IF;
     END LOOP;
+
+    -- Nothing to take (every tenant here at its limit or held, and no job of
+    -- no tenant due): the fetch of a queue where a tenant's backlog waits
+    -- behind its limit, at every poll.
+    IF cardinality(names) = 0 AND (SELECT j.id FROM river_job j
+                                   WHERE j.state = 'available' AND j.queue = q AND coalesce(j.metadata ->> 'tenant', '') = ''
+                                     AND j.scheduled_at <= now_ AND (kinds IS NULL OR j.kind = ANY(kinds))
+                                   ORDER BY j.priority, j.scheduled_at, j.id
+                                   LIMIT 1) IS NULL THEN
+        RETURN;
+    END IF;
 
     RETURN QUERY
     WITH cand AS (
@@ -966,9 +992,37 @@ BEGIN
         RETURN;
     END IF;
 
-    IF EXISTS (SELECT 1 FROM compute_dirty d
-               WHERE d.shard = compute_take_fair.shard AND d.job_id IS NULL AND coalesce(d.tenant, '') > ''
-                 AND d.not_before <= compute_now()) THEN
+    IF (SELECT coalesce(d.tenant, '') FROM compute_dirty d
+        WHERE d.shard = compute_take_fair.shard AND d.job_id IS NULL AND coalesce(d.tenant, '') > ''
+        ORDER BY coalesce(d.tenant, '') LIMIT 1) IS NULL THEN
+        -- No tenant's key waits: compute_take_dirty's statements, as they are.
+        BEGIN -- a subtransaction: its row locks go with it
+            SELECT d.kind INTO first_kind FROM compute_dirty d
+            WHERE d.shard = compute_take_fair.shard AND d.job_id IS NULL AND d.not_before <= compute_now()
+              AND d.kind = ANY(kinds)
+              AND NOT EXISTS (SELECT 1 FROM unnest(skip_kinds, skip_keys) AS s(kind, key)
+                              WHERE s.kind = d.kind AND s.key = d.key)
+            ORDER BY d.not_before
+            LIMIT 1
+            FOR SHARE SKIP LOCKED;
+            IF first_kind IS NOT NULL THEN
+                SELECT greatest(b.size, 1) INTO size FROM unnest(kinds, sizes) AS b(kind, size)
+                WHERE b.kind = first_kind LIMIT 1;
+                SELECT array_agg(p.key ORDER BY p.nb) INTO picked FROM (
+                    SELECT d.key, d.not_before AS nb FROM compute_dirty d
+                    WHERE d.shard = compute_take_fair.shard AND d.job_id IS NULL AND d.not_before <= compute_now()
+                      AND d.kind = first_kind
+                      AND NOT EXISTS (SELECT 1 FROM unnest(skip_kinds, skip_keys) AS s(kind, key)
+                                      WHERE s.kind = d.kind AND s.key = d.key)
+                    ORDER BY d.not_before
+                    LIMIT size
+                    FOR SHARE SKIP LOCKED) p;
+            END IF;
+            RAISE EXCEPTION USING ERRCODE = 'BC002'; -- roll the subtransaction back
+        EXCEPTION WHEN SQLSTATE 'BC002' THEN
+            NULL;
+        END;
+    ELSE
         -- The groups with a waiting key, in name order ('' first): a skip scan.
         WITH RECURSIVE t(name) AS (
             (SELECT coalesce(d.tenant, '') FROM compute_dirty d
@@ -1001,34 +1055,35 @@ BEGIN
         IF grp IS NULL THEN
             RETURN;
         END IF;
-    END IF;
 
-    BEGIN -- a subtransaction: its row locks go with it
-        SELECT d.kind INTO first_kind FROM compute_dirty d
-        WHERE d.shard = compute_take_fair.shard AND d.job_id IS NULL AND d.not_before <= compute_now()
-          AND d.kind = ANY(kinds) AND (grp IS NULL OR coalesce(d.tenant, '') = grp)
-          AND NOT EXISTS (SELECT 1 FROM unnest(skip_kinds, skip_keys) AS s(kind, key)
-                          WHERE s.kind = d.kind AND s.key = d.key)
-        ORDER BY d.not_before
-        LIMIT 1
-        FOR SHARE SKIP LOCKED;
-        IF first_kind IS NOT NULL THEN
-            SELECT greatest(b.size, 1) INTO size FROM unnest(kinds, sizes) AS b(kind, size)
-            WHERE b.kind = first_kind LIMIT 1;
-            SELECT array_agg(p.key ORDER BY p.nb) INTO picked FROM (
-                SELECT d.key, d.not_before AS nb FROM compute_dirty d
-                WHERE d.shard = compute_take_fair.shard AND d.job_id IS NULL AND d.not_before <= compute_now()
-                  AND d.kind = first_kind AND (grp IS NULL OR coalesce(d.tenant, '') = grp)
-                  AND NOT EXISTS (SELECT 1 FROM unnest(skip_kinds, skip_keys) AS s(kind, key)
-                                  WHERE s.kind = d.kind AND s.key = d.key)
-                ORDER BY d.not_before
-                LIMIT size
-                FOR SHARE SKIP LOCKED) p;
-        END IF;
-        RAISE EXCEPTION USING ERRCODE = 'BC002'; -- roll the subtransaction back
-    EXCEPTION WHEN SQLSTATE 'BC002' THEN
-        NULL;
-    END;
+        -- The same statements, for the keys of group grp alone.
+        BEGIN -- a subtransaction: its row locks go with it
+            SELECT d.kind INTO first_kind FROM compute_dirty d
+            WHERE d.shard = compute_take_fair.shard AND d.job_id IS NULL AND d.not_before <= compute_now()
+              AND d.kind = ANY(kinds) AND coalesce(d.tenant, '') = grp
+              AND NOT EXISTS (SELECT 1 FROM unnest(skip_kinds, skip_keys) AS s(kind, key)
+                              WHERE s.kind = d.kind AND s.key = d.key)
+            ORDER BY d.not_before
+            LIMIT 1
+            FOR SHARE SKIP LOCKED;
+            IF first_kind IS NOT NULL THEN
+                SELECT greatest(b.size, 1) INTO size FROM unnest(kinds, sizes) AS b(kind, size)
+                WHERE b.kind = first_kind LIMIT 1;
+                SELECT array_agg(p.key ORDER BY p.nb) INTO picked FROM (
+                    SELECT d.key, d.not_before AS nb FROM compute_dirty d
+                    WHERE d.shard = compute_take_fair.shard AND d.job_id IS NULL AND d.not_before <= compute_now()
+                      AND d.kind = first_kind AND coalesce(d.tenant, '') = grp
+                      AND NOT EXISTS (SELECT 1 FROM unnest(skip_kinds, skip_keys) AS s(kind, key)
+                                      WHERE s.kind = d.kind AND s.key = d.key)
+                    ORDER BY d.not_before
+                    LIMIT size
+                    FOR SHARE SKIP LOCKED) p;
+            END IF;
+            RAISE EXCEPTION USING ERRCODE = 'BC002'; -- roll the subtransaction back
+        EXCEPTION WHEN SQLSTATE 'BC002' THEN
+            NULL;
+        END;
+    END IF;
     IF picked IS NULL THEN
         RETURN;
     END IF;

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,10 +28,15 @@ const fetchSQL = `SELECT id, args, attempt, attempted_at, attempted_by, created_
        max_attempts, metadata, priority, queue, state, scheduled_at, tags, unique_key, unique_states::int
 FROM compute_fetch_jobs($1, $2, $3, $4, $5, $6::text[])`
 
+// riverFetch, when set, makes a shard queue's fetch River's own statement, as
+// before the tenancy module: only for the benchmark that measures what
+// compute_fetch_jobs costs work of no tenant (export_test.go).
+var riverFetch atomic.Bool
+
 // JobGetAvailable is River's fetch of a queue's jobs; a shard queue's is
 // compute_fetch_jobs.
 func (e *settingsExecutor) JobGetAvailable(ctx context.Context, params *riverdriver.JobGetAvailableParams) (*riverdriver.JobGetAvailableResult, error) {
-	if !strings.HasPrefix(params.Queue, jobs.ShardQueuePrefix) || e.pool == nil {
+	if !strings.HasPrefix(params.Queue, jobs.ShardQueuePrefix) || e.pool == nil || riverFetch.Load() {
 		return e.Executor.JobGetAvailable(ctx, params)
 	}
 	now := time.Now().UTC()

@@ -63,6 +63,12 @@ func (t *taking) report(full bool) {
 	}
 }
 
+// takeSQL, when set, is the statement a take runs in place of TakeDirtySQL
+// (with the same arguments and columns): only for the benchmark that measures
+// what compute_take_fair costs work of no tenant against the take before it
+// (export_test.go).
+var takeSQL atomic.Pointer[string]
+
 // take runs TakeDirtySQL in tx for the batch, first giving back the keys an
 // earlier take of the batch held (a redo takes afresh). It returns the rows
 // taken (nil if none is due), and FENCED when the lease is not held.
@@ -72,7 +78,11 @@ func (t *taking) take(ctx context.Context, tx pgx.Tx, l lease.Lease) (kind strin
 	t.release()
 	t.tenant = ""
 	skipKinds, skipKeys := t.flight.skip()
-	rows, err := tx.Query(ctx, riverjob.TakeDirtySQL, t.shard, l.Name, l.Owner, l.Epoch, t.kinds, t.sizes, skipKinds, skipKeys, t.flight.last)
+	sql := riverjob.TakeDirtySQL
+	if p := takeSQL.Load(); p != nil {
+		sql = *p
+	}
+	rows, err := tx.Query(ctx, sql, t.shard, l.Name, l.Owner, l.Epoch, t.kinds, t.sizes, skipKinds, skipKeys, t.flight.last)
 	if err != nil {
 		return "", nil, nil, pg.Translate(fmt.Errorf("error taking the dirty keys of shard %d: %w", t.shard, err))
 	}

@@ -142,3 +142,56 @@ func TestBadInputChangesNothing(t *testing.T) {
 	_, err := db.Exec(ctx, `SELECT compute_tenant_use('d')`)
 	require.ErrorContains(t, pg.Translate(err), "CONFLICT", "a deleted tenant takes no new work")
 }
+
+// TestAFetchWaitsForNoBackloggedTenantsGate: while another transaction holds
+// a tenant's gate, a fetch leaves that tenant's backlog (its limit of jobs
+// available in the queue, or more) to it and takes the other groups' jobs at
+// once; a tenant with fewer jobs there is waited for, and its job taken when
+// the gate is let go.
+func TestAFetchWaitsForNoBackloggedTenantsGate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	insertJobs(t, db, "a", 100)
+	insertJobs(t, db, "b", 1)
+	holder, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock(compute_tenant_key('a'), -1), pg_advisory_xact_lock(compute_tenant_key('b'), -1)`)
+	require.NoError(t, err)
+
+	type result struct {
+		tenants []string
+		err     error
+	}
+	got := make(chan result, 1)
+	go func() {
+		rows, err := db.Query(ctx, `SELECT coalesce(metadata->>'tenant', '') FROM compute_fetch_jobs('shard_0', 8, $1, 'me', 100, NULL) ORDER BY id`, time.Now())
+		if err != nil {
+			got <- result{err: err}
+			return
+		}
+		ts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		got <- result{ts, err}
+	}()
+	select {
+	case r := <-got:
+		t.Fatalf("the fetch did not wait for b's gate (b has one job): %v %v", r.tenants, r.err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	require.NoError(t, holder.Rollback(ctx))
+	r := <-got
+	require.NoError(t, r.err)
+	require.Equal(t, []string{"b"}, r.tenants, "once the gates are let go: b's job; a's backlog was left to the holder")
+
+	// a's gate held: the fetch leaves a's backlog and takes no tenant's job at once.
+	insertJobs(t, db, "", 1)
+	holder, err = db.Begin(ctx)
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock(compute_tenant_key('a'), -1)`)
+	require.NoError(t, err)
+	start := time.Now()
+	require.Equal(t, []string{""}, fetch(t, db, 8), "a's backlog is left to the gate's holder")
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.NoError(t, holder.Rollback(ctx))
+}
