@@ -23,9 +23,11 @@ import (
 	"github.com/bettercompute/bettercompute/workers/workertest"
 )
 
-// doctorChecks are the names of doctor's checks on a migrated database, in order.
+// doctorChecks are the names of doctor's checks on a migrated database, in order: the
+// core checks, then the built-in modules' (tenancy's held and limits).
 var doctorChecks = []string{"connect", "postgres", "features", "btree_gist", "ledger", "clock",
-	"snapshot", "shards", "leases", "workers", "takeovers", "running", "strays", "queues", "reconcilers", "workflows"}
+	"snapshot", "shards", "leases", "workers", "takeovers", "running", "strays", "queues", "reconcilers", "workflows",
+	"held", "limits"}
 
 // requireAllOK asserts that doctor passed: exit 0, and one OK line per check.
 func requireAllOK(t *testing.T, r clitest.Result) {
@@ -125,12 +127,12 @@ func TestDoctorNamesATransactionThatHoldsTheOutboxBack(t *testing.T) {
 		`open \S+, database `+regexp.QuoteMeta(other.Name)+`, pid `+strconv.Itoa(pid)+`, user postgres, application "held_open", state idle in transaction; `+
 		`1 committed event of this database waits`, r.Stdout)
 	require.Contains(t, r.Stdout, fmt.Sprintf("pg_terminate_backend(%d)", pid))
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 16 checks failed: snapshot$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 18 checks failed: snapshot$`)
 
 	r = clitest.Run(t, ctx, cli.App{}, dbEnv(owned), "doctor", "--max-xact-age", "200ms")
 	require.Regexp(t, `(?m)^FAIL\s+snapshot\s+1 committed event of this database waits, `+
 		`held back by a transaction this role cannot see \(grant pg_read_all_stats to name it\)`, r.Stdout)
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 16 checks failed: snapshot$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 18 checks failed: snapshot$`)
 
 	require.NoError(t, tx.Rollback(ctx))
 	requireAllOK(t, clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor", "--max-xact-age", "200ms"))
@@ -163,7 +165,7 @@ func TestDoctorFindsStrayRunningJobs(t *testing.T) {
 	require.Regexp(t, `(?m)^FAIL\s+strays\s+running jobs not attempted by their shard's holder, for more than 40s: `+
 		`shard 3: 1 running job attempted by ghost, the oldest 2m\d+s ago \(none holds shard 3: start a worker for it\); `+
 		`the shard's holder hands them back within one renewal \(20s\)$`, r.Stdout)
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 16 checks failed: strays$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 18 checks failed: strays$`)
 
 	// Held by another client: its holder should have handed it back by now.
 	db.MustExec(t, `INSERT INTO compute_leases (name, owner, expires_at)
@@ -204,7 +206,7 @@ func TestDoctorFindsDirtyKeysNoReconcilerHandles(t *testing.T) {
 		`a typo in workers.DirtyTx, or a module missing from this binary \(registered: thing\)$`, r.Stdout)
 	// Nobody works the shards either: the keys' jobs wait.
 	require.Regexp(t, `(?m)^FAIL\s+leases\s`, r.Stdout)
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 2 of 16 checks failed: leases, reconcilers$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 2 of 18 checks failed: leases, reconcilers$`)
 
 	// A binary without the module handles neither kind.
 	r = clitest.Run(t, ctx, cli.App{}, dbEnv(db), "doctor")
@@ -311,7 +313,7 @@ func TestDoctorFindsAWorkflowWithoutAStepJob(t *testing.T) {
 
 	db.MustExec(t, `UPDATE river_job SET state = 'cancelled', finalized_at = clock_timestamp() WHERE kind = 'workflow_step'`)
 	r = clitest.Run(t, ctx, app, dbEnv(db), "doctor")
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 16 checks failed: workflows$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 18 checks failed: workflows$`)
 	require.Regexp(t, `(?m)^FAIL\s+workflows\s+1 unfinished workflow have no live step job and will never advance: o-1 \(order at step reserve, job \d+ cancelled\)`, r.Stdout)
 
 	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error { return workflow.RetryTx(ctx, tx, "o-1") }))
@@ -351,7 +353,7 @@ func TestShardCountFixedAtFirstMigrate(t *testing.T) {
 
 	r = clitest.Run(t, ctx, cli.App{}, eight, "doctor")
 	require.Regexp(t, `(?m)^FAIL\s+shards\s+the database has 4 shards, BETTER_COMPUTE_SHARD_COUNT says 8: the count is fixed at the first migrate; set it to 4$`, r.Stdout)
-	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 16 checks failed: shards$`)
+	requireErrLine(t, r, `^INVALID_CONFIG: doctor: 1 of 18 checks failed: shards$`)
 	requireAllOK(t, clitest.Run(t, ctx, cli.App{}, four, "doctor"))
 	require.Equal(t, 4, db.MustCount(t, `SELECT shard_count FROM compute_settings`))
 }

@@ -153,7 +153,7 @@ func tenantChecks(ctx context.Context, _ *Session, db *pg.Pool) []Check {
 		fullDetail = fmt.Sprintf("%d tenants at their limit (tenant limit NAME N raises one): %s", len(full), strings.Join(full, ", "))
 	}
 	return []Check{
-		{Name: "tenants: held work", OK: true, Detail: heldDetail},
-		{Name: "tenants: at their limit", OK: true, Detail: fullDetail},
+		{Name: "held", OK: true, Detail: heldDetail},
+		{Name: "limits", OK: true, Detail: fullDetail},
 	}
 }
