@@ -102,8 +102,10 @@ $body$;
 -- after_group (the group this shard's holder served last), that has a due key of
 -- kinds and, for a tenant, is not suspended and gets one of its run slots
 -- (compute_tenant_slot, held until the batch's transaction ends). When no
--- tenant's key waits it is compute_take_dirty's statements, as they are. It
--- returns compute_take_dirty's columns and the keys' tenant.
+-- tenant's key waits it is compute_take_dirty's statements, as they are:
+-- copied, not called, since a call of compute_take_dirty from here cost the
+-- take 5.5 to 7.6 % more than compute_take_dirty alone, against 3 % for the
+-- copy. It returns compute_take_dirty's columns and the keys' tenant.
 --
 -- Whether a tenant's key waits is read as the first of them by the index of
 -- tenants' keys (compute_dirty_tenant_due), not as an EXISTS: PostgreSQL plans
