@@ -15,7 +15,7 @@ import "embed"
 
 // FS holds every built-in owner's migrations, one directory per owner.
 //
-//go:embed core/*.sql jobs/*.sql tenancy/*.sql outbox/*.sql backfill/*.sql capacity/*.sql quorum/*.sql workflow/*.sql
+//go:embed core/*.sql jobs/*.sql tenancy/*.sql outbox/*.sql backfill/*.sql capacity/*.sql quorum/*.sql workflow/*.sql confirmations/*.sql
 var FS embed.FS
 
 // Demo holds the demo application's migrations (owners demo, demo_backfill,
@@ -41,4 +41,4 @@ var Renamed = map[string]string{
 // own schema (owner river) runs after core; platform/migrate inserts it. jobs
 // (what Better Compute adds to River's tables) comes right after River. The demo
 // application's owners are not here: they are in Demo.
-var Owners = []string{"core", "jobs", "tenancy", "outbox", "backfill", "capacity", "quorum", "workflow"}
+var Owners = []string{"core", "jobs", "tenancy", "outbox", "backfill", "capacity", "quorum", "workflow", "confirmations"}

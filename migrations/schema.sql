@@ -509,6 +509,38 @@ CREATE FUNCTION public.compute_clock_skew() RETURNS interval
 
 
 --
+-- Name: compute_confirm(bytea); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.compute_confirm(p_hash bytea) RETURNS TABLE(outcome text, id bigint, workflow_id text, signal text, payload jsonb)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RETURN QUERY
+    UPDATE compute_confirmations c SET used_at = compute_now()
+    WHERE c.token_hash = p_hash AND c.used_at IS NULL AND c.revoked_at IS NULL
+      AND c.expires_at > compute_now()
+    RETURNING 'confirmed'::text, c.id, c.workflow_id, c.signal, c.payload;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    -- A fresh snapshot: a confirmation that committed while the UPDATE waited
+    -- for it shows as used.
+    RETURN QUERY
+    SELECT CASE WHEN c.used_at IS NOT NULL THEN 'used' ELSE 'refused' END,
+           CASE WHEN c.used_at IS NOT NULL THEN c.id END,
+           CASE WHEN c.used_at IS NOT NULL THEN c.workflow_id END,
+           CASE WHEN c.used_at IS NOT NULL THEN c.signal END,
+           NULL::jsonb
+    FROM compute_confirmations c WHERE c.token_hash = p_hash;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'refused'::text, NULL::bigint, NULL::text, NULL::text, NULL::jsonb;
+    END IF;
+END
+$$;
+
+
+--
 -- Name: compute_fence(text, text, bigint, bigint, integer); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -1637,6 +1669,40 @@ CREATE TABLE public.compute_backfills (
 
 
 --
+-- Name: compute_confirmations; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.compute_confirmations (
+    id bigint NOT NULL,
+    token_hash bytea NOT NULL,
+    workflow_id text NOT NULL,
+    signal text NOT NULL,
+    payload jsonb,
+    created_at timestamp with time zone DEFAULT public.compute_now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    used_at timestamp with time zone,
+    revoked_at timestamp with time zone,
+    CONSTRAINT compute_confirmations_check CHECK (((used_at IS NULL) OR (revoked_at IS NULL))),
+    CONSTRAINT compute_confirmations_check1 CHECK ((expires_at > created_at)),
+    CONSTRAINT compute_confirmations_token_hash_check CHECK ((length(token_hash) = 32))
+);
+
+
+--
+-- Name: compute_confirmations_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.compute_confirmations ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.compute_confirmations_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
 -- Name: compute_dirty; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -2282,6 +2348,22 @@ ALTER TABLE ONLY public.compute_backfills
 
 
 --
+-- Name: compute_confirmations compute_confirmations_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.compute_confirmations
+    ADD CONSTRAINT compute_confirmations_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: compute_confirmations compute_confirmations_token_hash_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.compute_confirmations
+    ADD CONSTRAINT compute_confirmations_token_hash_key UNIQUE (token_hash);
+
+
+--
 -- Name: compute_dirty compute_dirty_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -2568,6 +2650,13 @@ CREATE INDEX capacity_reservations_tenant ON public.capacity_reservations USING 
 
 
 --
+-- Name: compute_confirmations_workflow; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX compute_confirmations_workflow ON public.compute_confirmations USING btree (workflow_id, id);
+
+
+--
 -- Name: compute_dirty_due; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -2850,6 +2939,14 @@ ALTER TABLE ONLY public.capacity_quota_usage
 
 ALTER TABLE ONLY public.capacity_reservations
     ADD CONSTRAINT capacity_reservations_pool_id_fkey FOREIGN KEY (pool_id) REFERENCES public.capacity_pools(id);
+
+
+--
+-- Name: compute_confirmations compute_confirmations_workflow_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.compute_confirmations
+    ADD CONSTRAINT compute_confirmations_workflow_id_fkey FOREIGN KEY (workflow_id) REFERENCES public.compute_workflows(id) ON DELETE CASCADE;
 
 
 --
