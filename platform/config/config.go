@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -59,10 +60,17 @@ type Config struct {
 	AuthUser     string `env:"AUTH_USER" help:"serve: basic-auth user for River UI, the API and the event stream"`
 	AuthPassword string `env:"AUTH_PASSWORD" help:"serve: basic-auth password" secret:"true"`
 	ReadOnly     bool   `env:"READ_ONLY" help:"serve: refuse every state-changing request to River UI"`
+
+	PublicListen         string `env:"PUBLIC_LISTEN" help:"serve: address of the public listener, which serves the confirmation links and nothing else, to anyone (default: off; dev: 127.0.0.1:8081)"`
+	PublicURL            string `env:"PUBLIC_URL" help:"the public listener's URL as people reach it (https://confirm.example.com/), the base of confirmation links (default: http://PUBLIC_LISTEN/)"`
+	PublicClientIPHeader string `env:"PUBLIC_CLIENT_IP_HEADER" help:"serve: the header your reverse proxy sets to the client's address (X-Forwarded-For: its last entry), which the public listener rate-limits guesses by (default: the connection's address)"`
 }
 
 // workerIDRe is lease.ValidIdentity's pattern (config does not import domain).
 var workerIDRe = regexp.MustCompile(`^[A-Za-z0-9._:@/-]{1,200}$`)
+
+// headerRe is an HTTP header's name.
+var headerRe = regexp.MustCompile(`^[A-Za-z0-9-]{1,64}$`)
 
 // Load reads the environment into a Config with defaults applied. environ is a
 // list of KEY=VALUE (os.Environ()).
@@ -138,6 +146,20 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return bad("LISTEN", "%q is not host:port", c.Listen)
+	}
+	if c.PublicListen != "" {
+		if _, _, err := net.SplitHostPort(c.PublicListen); err != nil {
+			return bad("PUBLIC_LISTEN", "%q is not host:port", c.PublicListen)
+		}
+	}
+	if c.PublicURL != "" {
+		u, err := url.Parse(c.PublicURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			return bad("PUBLIC_URL", "%q is not an http:// or https:// URL without query or fragment", c.PublicURL)
+		}
+	}
+	if h := c.PublicClientIPHeader; h != "" && !headerRe.MatchString(h) {
+		return bad("PUBLIC_CLIENT_IP_HEADER", "%q is not a header name", c.PublicClientIPHeader)
 	}
 	return nil
 }

@@ -72,6 +72,11 @@ type Module struct {
 	// read-only mode (a route not marked ReadOnly is refused there). s is the
 	// serving command's session (its registry, logger and configuration).
 	Routes func(s *Session, db *pg.Pool) []web.Route
+	// PublicRoutes, optional, returns endpoints for anyone: serve (and dev)
+	// mount them on the public listener (BETTER_COMPUTE_PUBLIC_LISTEN), which
+	// serves nothing else and asks no credentials (the confirmation links
+	// are; a payment provider's callback could be). Each must guard itself.
+	PublicRoutes func(s *Session, db *pg.Pool) []web.Route
 	// Checks, optional, returns the module's own doctor checks, printed after
 	// the built-in ones: a Check not OK fails doctor (set its Code for a
 	// stable error code). It runs on doctor's pool; ctx ends with doctor.

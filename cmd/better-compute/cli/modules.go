@@ -80,5 +80,11 @@ func builtinModules() []Module {
 			},
 			Routes: workflowRoutes,
 		},
+		{
+			Name: "confirmations",
+			// Single-use links that signal a workflow: the public listener's
+			// routes, and the operator's (the confirmation command is built in).
+			PublicRoutes: confirmationPublicRoutes,
+		},
 	}
 }
