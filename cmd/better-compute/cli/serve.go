@@ -117,7 +117,17 @@ func (s *Session) StartServe(ctx context.Context, rt *workers.Runtime) (stop fun
 		mode = " (read-only)"
 	}
 	fmt.Fprintf(s.Env.Stdout, "River UI: %s%s\n", srv.URL(), mode)
+	pub, err := s.startPublic(ctx, db)
+	if err != nil {
+		_ = srv.Shutdown(context.Background())
+		return nil, err
+	}
 	stop = func() {
+		if pub != nil {
+			if err := pub.Shutdown(context.Background()); err != nil {
+				s.Log.Warn().Err(err).Msg("serve: shutdown of the public listener")
+			}
+		}
 		if err := srv.Shutdown(context.Background()); err != nil {
 			s.Log.Warn().Err(err).Msg("serve: shutdown")
 		}
@@ -136,7 +146,7 @@ func (s *Session) serveRegistry(db *pg.Pool) (*prometheus.Registry, error) {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(workers.NewQueueCollector(db), workers.NewWorkCollector(db),
+	reg.MustRegister(workers.NewQueueCollector(db), workers.NewWorkCollector(db), s.confirmationOutcomes(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, m := range s.App.modules() {
 		if m.Metrics == nil {

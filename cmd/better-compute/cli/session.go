@@ -41,6 +41,10 @@ type Session struct {
 	traceConsole bool
 	tracer       trace.TracerProvider // once tracerBuilt: nil when tracing is off
 	tracerBuilt  bool
+	// publicURL is the public listener's URL once it listens, and
+	// publicOutcomes its confirmation routes' counter (confirmations.go).
+	publicURL      string
+	publicOutcomes *prometheus.CounterVec
 }
 
 func (s *Session) close() {
