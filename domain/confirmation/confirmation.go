@@ -428,3 +428,27 @@ func List(ctx context.Context, db pg.DBTX, o ListOpts) ([]Binding, error) {
 	}
 	return out, nil
 }
+
+// Counts returns how many bindings are in each state (every state present).
+func Counts(ctx context.Context, db pg.DBTX) (map[State]int64, error) {
+	out := map[State]int64{Pending: 0, Confirmed: 0, Revoked: 0, Expired: 0}
+	rows, err := db.Query(ctx, `SELECT CASE WHEN used_at IS NOT NULL THEN 'confirmed' WHEN revoked_at IS NOT NULL THEN 'revoked'
+		WHEN expires_at <= compute_now() THEN 'expired' ELSE 'pending' END AS state, count(*)
+		FROM compute_confirmations GROUP BY 1`)
+	if err != nil {
+		return nil, pg.Translate(fmt.Errorf("error counting confirmations: %w", err))
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var st State
+		var n int64
+		if err := rows.Scan(&st, &n); err != nil {
+			return nil, pg.Translate(fmt.Errorf("error counting confirmations: %w", err))
+		}
+		out[st] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, pg.Translate(fmt.Errorf("error counting confirmations: %w", err))
+	}
+	return out, nil
+}

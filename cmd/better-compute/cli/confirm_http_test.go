@@ -394,6 +394,8 @@ func TestConfirmationTokenNeverLeaks(t *testing.T) {
 	metrics := do(t, http.MethodGet, s.op+"metrics", "")
 	require.Equal(t, http.StatusOK, metrics.status)
 	require.Contains(t, metrics.body, `bettercompute_confirmation_requests_total{outcome="confirmed",route="confirm"} 1`)
+	require.Contains(t, metrics.body, `bettercompute_confirmations{state="confirmed"} 1`)
+	require.Contains(t, metrics.body, `bettercompute_confirmations{state="pending"} 1`) // tok2's: its workflow ended first
 	workertest.WaitFor(t, 30*time.Second, "the confirmation's span and log line", func() bool {
 		e := s.stderr.String()
 		return strings.Contains(e, "span confirmation.confirm ") && strings.Contains(e, "confirmation: confirmed")
@@ -423,4 +425,38 @@ func TestConfirmationTokenNeverLeaks(t *testing.T) {
 			require.NotContains(t, r, secret, "the token is stored")
 		}
 	}
+}
+
+// TestConfirmLinksBehindPgBouncer: serve on a real PgBouncer in transaction
+// mode: 50 POSTs of one link at once store one signal, a GET changes
+// nothing, a revoked link is refused, and the workflow resumes.
+func TestConfirmLinksBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	db, _ := wfEnv(t)
+	via := pgtest.PgBouncer(t, db)
+	s := startPublic(t, []string{"BETTER_COMPUTE_DATABASE_URL=" + via, "BETTER_COMPUTE_LOG_LEVEL=warn"}, "serve")
+	wfWorker(t, db)
+	id, tok := awaitingOrder(t, db, "o-bouncer", time.Hour)
+	revokedID, revoked := awaitingOrder(t, db, "o-bouncer-revoked", time.Hour)
+	_, err := confirmation.Revoke(context.Background(), db.Pool, int64(db.MustCount(t, `SELECT id FROM compute_confirmations WHERE workflow_id = $1`, revokedID)))
+	require.NoError(t, err)
+
+	require.Equal(t, http.StatusOK, do(t, http.MethodGet, s.pub+"confirm/"+string(tok), "").status)
+	require.Equal(t, 0, signalCount(t, db, id))
+	statuses := make(chan int, 50)
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Go(func() { statuses <- do(t, http.MethodPost, s.pub+"v1/confirmations/"+string(tok), "").status })
+	}
+	wg.Wait()
+	close(statuses)
+	counts := map[int]int{}
+	for st := range statuses {
+		counts[st]++
+	}
+	require.Equal(t, map[int]int{http.StatusOK: 1, http.StatusConflict: 49}, counts)
+	require.Equal(t, 1, signalCount(t, db, id))
+	require.Equal(t, http.StatusNotFound, do(t, http.MethodPost, s.pub+"v1/confirmations/"+string(revoked), "").status)
+	require.Equal(t, 0, signalCount(t, db, revokedID))
+	wfWait(t, db, id, workflow.Completed)
 }

@@ -8,8 +8,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/bettercompute/bettercompute/domain/confirmation"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/web"
+	"github.com/bettercompute/bettercompute/workers"
 )
 
 // defaultPublicListen is the public listener's address under dev when
@@ -85,4 +87,30 @@ func (s *Session) startPublic(ctx context.Context, db *pg.Pool) (*web.Public, er
 	s.publicURL = p.URL()
 	fmt.Fprintf(s.Env.Stdout, "Confirmation links: %sconfirm/…\n", p.URL())
 	return p, nil
+}
+
+// confirmationCollector is the bindings by state, read at each scrape.
+type confirmationCollector struct {
+	db     *pg.Pool
+	states *prometheus.Desc
+}
+
+func newConfirmationCollector(db *pg.Pool) *confirmationCollector {
+	return &confirmationCollector{db: db, states: prometheus.NewDesc("bettercompute_confirmations",
+		"Confirmation bindings by state (pending, confirmed, revoked, expired).", []string{"state"}, nil)}
+}
+
+func (c *confirmationCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.states }
+
+func (c *confirmationCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), workers.CollectTimeout)
+	defer cancel()
+	counts, err := confirmation.Counts(ctx, c.db)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.states, err)
+		return
+	}
+	for st, n := range counts {
+		ch <- prometheus.MustNewConstMetric(c.states, prometheus.GaugeValue, float64(n), string(st))
+	}
 }

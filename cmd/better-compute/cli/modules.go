@@ -85,6 +85,9 @@ func builtinModules() []Module {
 			// Single-use links that signal a workflow: the public listener's
 			// routes, and the operator's (the confirmation command is built in).
 			PublicRoutes: confirmationPublicRoutes,
+			Metrics: func(db *pg.Pool, _ *workers.Registry) ([]prometheus.Collector, error) {
+				return []prometheus.Collector{newConfirmationCollector(db)}, nil
+			},
 		},
 	}
 }
