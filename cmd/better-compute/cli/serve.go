@@ -29,7 +29,7 @@ func serveCommand() *command {
 	o := &serveOpts{}
 	return &command{
 		name:    "serve",
-		summary: "serve River UI (at /), the workflows pages (/workflows), the event stream, /healthz, /readyz and /metrics on BETTER_COMPUTE_LISTEN (loopback unless credentials are set), until interrupted",
+		summary: "serve River UI (at /), the workflows pages (/workflows), the event stream, /healthz, /readyz and /metrics on BETTER_COMPUTE_LISTEN (loopback unless credentials are set), and the confirmation links on BETTER_COMPUTE_PUBLIC_LISTEN (if set; a listener of their own, for anyone), until interrupted",
 		opts:    o,
 		run:     o.run,
 	}
