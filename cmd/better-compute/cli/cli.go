@@ -136,6 +136,7 @@ func (a *App) commands() ([]*command, error) {
 		sinksCommand(),
 		workflowCommand(),
 		tenantCommand(),
+		confirmationCommand(),
 	}
 	if err := checkCommands(cmds, a.Commands); err != nil {
 		return nil, err

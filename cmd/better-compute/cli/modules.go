@@ -88,6 +88,7 @@ func builtinModules() []Module {
 			Metrics: func(db *pg.Pool, _ *workers.Registry) ([]prometheus.Collector, error) {
 				return []prometheus.Collector{newConfirmationCollector(db)}, nil
 			},
+			Routes: confirmationRoutes,
 		},
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/bettercompute/bettercompute/domain/confirmation"
 	"github.com/bettercompute/bettercompute/domain/workflow"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
@@ -212,8 +213,31 @@ func workflowPage(db *pg.Pool, log zerolog.Logger) http.Handler {
 			writePageError(w, r, log, err)
 			return
 		}
-		renderPage(w, r, log, http.StatusOK, "detail", d)
+		cs, err := confirmation.List(r.Context(), db, confirmation.ListOpts{WorkflowID: id, Limit: workflowPageConfirmations})
+		if err != nil {
+			writePageError(w, r, log, err)
+			return
+		}
+		// The pending ones first (what can still happen), each group newest first.
+		sort.SliceStable(cs, func(i, j int) bool {
+			return cs[i].State == confirmation.Pending && cs[j].State != confirmation.Pending
+		})
+		renderPage(w, r, log, http.StatusOK, "detail", detailPageData{Workflow: d.Workflow, History: d.History,
+			Confirmations: cs, MoreConfirmations: len(cs) == workflowPageConfirmations})
 	})
+}
+
+// workflowPageConfirmations is how many of its confirmations a workflow's
+// page shows, the newest.
+const workflowPageConfirmations = 100
+
+// detailPageData is a workflow's page: the workflow, its history and its
+// confirmations (without tokens: there are none to show).
+type detailPageData struct {
+	Workflow          *workflow.Info
+	History           []workflow.HistoryRow
+	Confirmations     []confirmation.Binding
+	MoreConfirmations bool
 }
 
 type listPageData struct {
@@ -322,6 +346,9 @@ pre { background: #fff; border: 1px solid #e2e8f0; padding: .6rem .8rem; margin:
 .st-completed { background: #dcfce7; color: #166534; }
 .st-failed { background: #fee2e2; color: #991b1b; }
 .st-cancelled { background: #e5e7eb; color: #374151; }
+.st-pending { background: #fef9c3; color: #854d0e; }
+.st-confirmed { background: #dcfce7; color: #166534; }
+.st-revoked, .st-expired { background: #e5e7eb; color: #374151; }
 form { display: flex; gap: .8rem; align-items: end; margin-bottom: 1rem; flex-wrap: wrap; }
 label { display: flex; flex-direction: column; font-size: 12px; color: #475569; gap: .15rem; }
 input, select, button { font: inherit; padding: .25rem .4rem; }
@@ -420,6 +447,23 @@ input, select, button { font: inherit; padding: .25rem .4rem; }
 </table>
 {{else}}
 <p class="muted">No step has committed yet.</p>
+{{end}}
+{{if .Confirmations}}
+<h2>Confirmations</h2>
+<p class="muted">Single-use links that signal this workflow (their links were shown once, at <code>confirmation create</code>; <code>confirmation revoke ID</code> stops one).</p>
+<table>
+<thead><tr><th>ID</th><th>Signal</th><th>State</th><th>Created</th><th>Expires</th></tr></thead>
+<tbody>
+{{range .Confirmations}}<tr>
+<td class="num">{{.ID}}</td>
+<td>{{.Signal}}</td>
+<td><span class="st st-{{.State}}">{{.State}}</span>{{if .UsedAt}} <span class="muted">{{ptime .UsedAt}}</span>{{end}}{{if .RevokedAt}} <span class="muted">{{ptime .RevokedAt}}</span>{{end}}</td>
+<td class="mono">{{time .CreatedAt}}</td>
+<td class="mono">{{time .ExpiresAt}}</td>
+</tr>
+{{end}}</tbody>
+</table>
+{{if .MoreConfirmations}}<p class="muted">The newest {{len .Confirmations}} shown: <a href="/v1/confirmations?workflow={{.Workflow.ID}}&amp;limit=1000">/v1/confirmations</a> lists more.</p>{{end}}
 {{end}}
 {{template "foot"}}{{end}}
 
