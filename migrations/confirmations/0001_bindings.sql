@@ -1,4 +1,4 @@
--- Confirmations (the confirmations module, domain/confirmation): a binding
+-- Confirmations (the confirmations module, domain/workflow/confirmation): a binding
 -- ties a secret token to one action, a signal (with an optional payload) to
 -- one workflow. The token is never stored: token_hash is its SHA-256 (the
 -- token holds 256 random bits, so a fast hash is as good as a slow one).

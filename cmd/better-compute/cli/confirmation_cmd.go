@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/bettercompute/bettercompute/domain/confirmation"
+	"github.com/bettercompute/bettercompute/domain/workflow/confirmation"
 	"github.com/bettercompute/bettercompute/domain/workflow"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
@@ -27,7 +27,7 @@ const confirmationUsage = "create --workflow ID --signal NAME [--payload JSON] [
 const confirmationsListLimit = 100
 
 // confirmationOpts are the confirmation command's flags: the operator verbs
-// over confirmation links (domain/confirmation). Only create's output holds a
+// over confirmation links (domain/workflow/confirmation). Only create's output holds a
 // token, once: list and revoke have none to show (the database keeps its hash).
 type confirmationOpts struct {
 	workflow string
