@@ -17,8 +17,8 @@ import (
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
-	"github.com/bettercompute/bettercompute/domain/workflow/confirmation"
 	"github.com/bettercompute/bettercompute/domain/workflow"
+	"github.com/bettercompute/bettercompute/domain/workflow/confirmation"
 	"github.com/bettercompute/bettercompute/platform/clock"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"

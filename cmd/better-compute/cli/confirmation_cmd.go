@@ -14,8 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/bettercompute/bettercompute/domain/workflow/confirmation"
 	"github.com/bettercompute/bettercompute/domain/workflow"
+	"github.com/bettercompute/bettercompute/domain/workflow/confirmation"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 )

@@ -13,8 +13,8 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/bettercompute/bettercompute/domain/workflow/confirmation"
 	"github.com/bettercompute/bettercompute/domain/workflow"
+	"github.com/bettercompute/bettercompute/domain/workflow/confirmation"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers/workflowworker"
