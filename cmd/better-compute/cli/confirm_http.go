@@ -224,9 +224,9 @@ func (h *confirmHandler) do(r *http.Request, route string, confirm bool) (a answ
 			message: "this link was already used: its confirmation counted once", outcome: "already_confirmed", b: b}
 	case errors.Is(err, confirmation.ErrNotValid):
 		return refuse(answerNotValid)
-	case fault.Has(err, fault.InvalidArgument):
-		return refuse(answerMalformed)
-	case fault.Has(err, fault.Conflict):
+	case fault.Has(err, fault.Conflict), fault.Has(err, fault.InvalidArgument):
+		// The token was good; its signal cannot be stored: the workflow has
+		// ended, or (INVALID_ARGUMENT) its kind no longer declares the signal.
 		h.log.Info().Err(err).Msg("confirmation: refused, its workflow takes no more signals")
 		return answer{status: http.StatusConflict, code: string(fault.Conflict),
 			message: "this confirmation is no longer needed: what it confirms has ended", outcome: "conflict"}
