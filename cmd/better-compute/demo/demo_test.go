@@ -27,5 +27,6 @@ func TestDemoMigrationsKeepTheirLedgerNames(t *testing.T) {
 		"demo_domain/0001_applied_changes",
 		"demo_outbox/0001_orders",
 		"demo_workflow/0001_orders",
+		"demo_workflow/0002_mailbox",
 	}, names)
 }
