@@ -14,20 +14,29 @@ import (
 	"github.com/bettercompute/bettercompute/domain/capacity"
 	"github.com/bettercompute/bettercompute/domain/outbox"
 	"github.com/bettercompute/bettercompute/domain/workflow"
+	"github.com/bettercompute/bettercompute/domain/workflow/confirmation"
 	"github.com/bettercompute/bettercompute/platform/clock"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/workers"
 )
 
-// The order workflow: an order holds devices of the demo pool, waits up to
-// PayWindow for its "paid" signal, then confirms the booking or releases the
-// hold; either way it appends an event (topic demo.order.<status>).
+// The order workflow: an order holds devices of the demo pool, mails its
+// customer a payment link (a confirmation bound to its "paid" signal, valid
+// for PayWindow), waits up to PayWindow for that signal, then confirms the
+// booking or releases the hold; either way it appends an event (topic
+// demo.order.<status>).
 //
-//	reserve ──▶ await "paid" (PayWindow) ─┬─ paid ──────▶ confirm ──▶ completed (confirmed)
-//	   │                                  └─ timed out ─▶ release ──▶ completed (released)
+//	reserve + link ──▶ await "paid" (PayWindow) ─┬─ link confirmed ─▶ confirm ──▶ completed (confirmed)
+//	   │                                         └─ timed out ──────▶ release ──▶ completed (released)
 //	   └─ sold out, 3 attempts ─▶ reject ──▶ completed (rejected)
 //	CancelTx, before the end ─▶ cancel (the compensation: releases the hold) ──▶ cancelled
+//
+// The link's token is secret: CreateTx returns it once, in the reserve step's
+// transaction, which appends it in a PaymentLinkTopic event (the email to
+// send) and keeps it nowhere else: not in the workflow's state (the workflows
+// page shows it), not in a log line. Every finishing step revokes the links
+// still pending (settleLinks).
 const (
 	// OrderKind is the order workflow's kind.
 	OrderKind = "demo_order"
@@ -38,6 +47,14 @@ const (
 	// own release or confirm finds it live. Should the workflow never get
 	// there, the hold expires on its own (capacity's hold-expiry job).
 	HoldGrace = 30 * time.Second
+	// PricePerDevice is what an order costs per device: its payment link's
+	// amount.
+	PricePerDevice = 30
+	// PaymentLinkTopic is the topic of the payment links' emails (a
+	// PaymentLink each), which the demo_mailbox sink delivers to the
+	// customers' inbox. Not demo.order.*: those are the orders' outcomes, one
+	// per order, which the demo_order_log sink prints whole.
+	PaymentLinkTopic = "demo.mail.payment_link"
 	// The orders' devices: the demo's pool, charged to the shop's quota.
 	orderPool   = DemoPool
 	orderTenant = "shop"
@@ -78,6 +95,16 @@ type Payment struct {
 	Amount int `json:"amount"`
 }
 
+// PaymentLink is a PaymentLinkTopic event's payload: the email that carries
+// an order's payment link to its customer (the event's key).
+type PaymentLink struct {
+	OrderID int64 `json:"order_id"`
+	Amount  int   `json:"amount"`
+	// Token is the link's secret (confirmation.Token(Token).URL(base) is the
+	// link). Log OrderID, never this.
+	Token string `json:"token"`
+}
+
 // OrderWorkflow is the order workflow's definition.
 var OrderWorkflow = &workflow.Workflow[OrderInput, OrderState, OrderResult]{
 	Kind: OrderKind,
@@ -101,8 +128,10 @@ var OrderWorkflow = &workflow.Workflow[OrderInput, OrderState, OrderResult]{
 	Compensate: "cancel",
 }
 
-// reserveOrder holds the order's devices, then waits for its payment. Its
-// hold, the row's status and the wait commit together, once.
+// reserveOrder holds the order's devices, mails its customer a payment link,
+// then waits for its payment. Its hold, the row's status, the link (its
+// binding and the email's event) and the wait commit together, once: a
+// rolled-back attempt's token never worked and was never mailed.
 func reserveOrder(ctx context.Context, tx pgx.Tx, c *workflow.Call[OrderState]) (workflow.Next, error) {
 	o := c.State.Order
 	r, err := capacity.ReserveTx(ctx, tx, &capacity.ReserveParams{
@@ -118,16 +147,39 @@ func reserveOrder(ctx context.Context, tx pgx.Tx, c *workflow.Call[OrderState]) 
 	if err != nil {
 		return workflow.Next{}, err
 	}
+	// The link expires with the wait: a link confirmed later is refused
+	// (ErrNotValid), and the customer pays nothing for a released order.
+	amount := PricePerDevice * o.Devices
+	tok, _, err := confirmation.CreateTx(ctx, tx, OrderWorkflowID(o.OrderID), "paid",
+		&confirmation.CreateOpts{Payload: Payment{Amount: amount}, TTL: PayWindow})
+	if err != nil {
+		return workflow.Next{}, err
+	}
+	// The token goes into the email's event only (string(tok): a Token
+	// formats as "bcc_…"), not into c.State.
+	err = outbox.AppendTx(ctx, tx, outbox.Message{Topic: PaymentLinkTopic, Key: o.Customer,
+		Payload: PaymentLink{OrderID: o.OrderID, Amount: amount, Token: string(tok)}})
+	if err != nil {
+		return workflow.Next{}, err
+	}
 	return workflow.AwaitSignal("paid", PayWindow, "confirm", "release"), nil
 }
 
-// confirmOrder turns the paid order's hold into a booking.
+// confirmOrder records the payment (the "paid" signal arrived: its link was
+// confirmed) and turns the order's hold into a booking.
 func confirmOrder(ctx context.Context, tx pgx.Tx, c *workflow.Call[OrderState]) (workflow.Next, error) {
 	var p Payment
 	if err := c.Signal.Decode(&p); err != nil {
 		return workflow.Next{}, err
 	}
-	_, err := capacity.ConfirmTx(ctx, tx, &capacity.ConfirmParams{ReservationID: c.State.ReservationID})
+	// paid_at before the hold is tried: an order paid after its hold lapsed
+	// ends released with a refund (finishOrder).
+	_, err := tx.Exec(ctx, `UPDATE demo_workflow_orders SET paid_at = coalesce(paid_at, compute_now()), updated_at = compute_now()
+		WHERE id = $1`, c.State.Order.OrderID)
+	if err != nil {
+		return workflow.Next{}, err
+	}
+	_, err = capacity.ConfirmTx(ctx, tx, &capacity.ConfirmParams{ReservationID: c.State.ReservationID})
 	if fault.Has(err, fault.Conflict) {
 		// The hold lapsed: this step ran long after the payment came (no
 		// worker ran meanwhile).
@@ -151,13 +203,22 @@ func releaseOrder(ctx context.Context, tx pgx.Tx, c *workflow.Call[OrderState], 
 	return finishOrder(ctx, tx, c, OrderResult{Status: status, Reason: reason})
 }
 
-// finishOrder writes the order's final status and appends its event, in the
-// step's transaction, and finishes the workflow with res.
+// finishOrder settles the order's payment link, writes the order's final
+// status and appends its event, in the step's transaction, and finishes the
+// workflow with res.
 func finishOrder(ctx context.Context, tx pgx.Tx, c *workflow.Call[OrderState], res OrderResult) (workflow.Next, error) {
 	o := c.State.Order
 	res.OrderID, res.ReservationID = o.OrderID, c.State.ReservationID
-	err := tx.QueryRow(ctx, `UPDATE demo_workflow_orders SET status = $2, reason = nullif($3, ''), updated_at = compute_now()
-		WHERE id = $1 RETURNING paid_at IS NOT NULL AND $2 <> 'confirmed'`, o.OrderID, res.Status, res.Reason).Scan(&res.Refund)
+	paidAt, err := settleLinks(ctx, tx, OrderWorkflowID(o.OrderID))
+	if err != nil {
+		return workflow.Next{}, err
+	}
+	// Refund: the order was paid (confirmOrder recorded it, or its link was
+	// confirmed while the workflow was taking its timeout or its cancel, and
+	// the signal stays unconsumed) but ends unconfirmed.
+	err = tx.QueryRow(ctx, `UPDATE demo_workflow_orders SET status = $2, reason = nullif($3, ''),
+		paid_at = coalesce(paid_at, $4), updated_at = compute_now()
+		WHERE id = $1 RETURNING paid_at IS NOT NULL AND $2 <> 'confirmed'`, o.OrderID, res.Status, res.Reason, paidAt).Scan(&res.Refund)
 	if err != nil {
 		return workflow.Next{}, err
 	}
@@ -166,6 +227,35 @@ func finishOrder(ctx context.Context, tx pgx.Tx, c *workflow.Call[OrderState], r
 		return workflow.Next{}, err
 	}
 	return workflow.Finish(res), nil
+}
+
+// settleLinks revokes the workflow's pending payment links, in the finishing
+// step's transaction, so that an ended order's link says "unknown, expired or
+// revoked" (ErrNotValid). It returns when a link was confirmed, or nil.
+//
+// RevokeTx waits for a confirmation in flight (they serialize on the
+// binding's row, and the confirmation's signal does not wait for this step):
+// once it returns, the link is either revoked or confirmed, and a payment
+// that slipped in as the order was ending is seen here and refunded.
+func settleLinks(ctx context.Context, tx pgx.Tx, workflowID string) (*time.Time, error) {
+	bs, err := confirmation.List(ctx, tx, confirmation.ListOpts{WorkflowID: workflowID})
+	if err != nil {
+		return nil, err
+	}
+	var paidAt *time.Time
+	for _, b := range bs {
+		if b.State == confirmation.Pending {
+			nb, err := confirmation.RevokeTx(ctx, tx, b.ID)
+			if err != nil && !errors.Is(err, confirmation.ErrAlreadyConfirmed) {
+				return nil, err
+			}
+			b = *nb
+		}
+		if b.State == confirmation.Confirmed && b.UsedAt != nil && (paidAt == nil || b.UsedAt.Before(*paidAt)) {
+			paidAt = b.UsedAt
+		}
+	}
+	return paidAt, nil
 }
 
 // OrderWorkflowID is the id of order orderID's workflow.
@@ -183,22 +273,6 @@ func PlaceOrderTx(ctx context.Context, tx pgx.Tx, customer string, devices int, 
 	in := OrderInput{OrderID: id, Customer: customer, Devices: devices, Start: start, End: end}
 	_, err = OrderWorkflow.StartTx(ctx, tx, in, &workflow.StartOpts{ID: OrderWorkflowID(id)})
 	return id, err
-}
-
-// PayOrderTx records an order's payment and signals its workflow, in the
-// caller's transaction: both commit, or neither. An order whose workflow has
-// ended (it timed out, or was cancelled) takes no payment: CONFLICT, and the
-// caller rolls back and refuses the payment. A repeated payment counts once.
-func PayOrderTx(ctx context.Context, tx pgx.Tx, orderID int64, amount int) error {
-	res, err := workflow.SignalTx(ctx, tx, OrderWorkflowID(orderID), "paid", Payment{Amount: amount},
-		&workflow.SignalOpts{DedupKey: "payment"})
-	if err != nil || res.Duplicate {
-		return err // a repeated payment counted once: nothing more to record
-	}
-	// After the signal: it locked the workflow first, as its steps do before
-	// they write the order's row.
-	_, err = tx.Exec(ctx, `UPDATE demo_workflow_orders SET paid_at = compute_now(), updated_at = compute_now() WHERE id = $1`, orderID)
-	return err
 }
 
 // CancelOrderTx cancels an order's workflow in the caller's transaction: its
@@ -219,8 +293,10 @@ type workflowDemo struct {
 
 var defaultWorkflowDemo = workflowDemo{Every: 2 * time.Second, PayWithin: 8 * time.Second, Rental: 20 * time.Second}
 
-// demoWorkflowModule is the workflow demo: the order workflow, and a log sink
-// that prints every order's event once its transaction has committed.
+// demoWorkflowModule is the workflow demo: the order workflow, a log sink
+// that prints every order's event once its transaction has committed, the
+// mailbox sink that delivers the payment links' emails, and the operator's
+// view of that mailbox (GET /demo/mailbox).
 func demoWorkflowModule() cli.Module {
 	return cli.Module{
 		Name:       "demo_workflow",
@@ -228,9 +304,11 @@ func demoWorkflowModule() cli.Module {
 		Dev: func(ctx context.Context, db *pg.Pool, log zerolog.Logger) {
 			runWorkflowDemo(ctx, log, db, defaultWorkflowDemo)
 		},
+		Routes: mailboxRoutes,
 		Register: func(r *workers.Registry) error {
 			return errors.Join(
 				workers.AddWorkflow(r, OrderWorkflow),
+				workers.AddSink(r, mailboxSink()),
 				workers.AddSink(r, workers.Sink{
 					Name:   "demo_order_log",
 					Topics: orderTopics,
@@ -272,10 +350,12 @@ type orderAction struct {
 // runWorkflowDemo plays the shop until ctx is done. Every cfg.Every a customer
 // places an order (its row and its workflow in one transaction) for 1 or 2
 // devices over the next cfg.Rental; most orders are paid within cfg.PayWithin
-// (a signal sent in the payment's transaction), some are paid too late (the
-// workflow timed out and refuses the signal), some are cancelled (the
-// workflow's compensation releases the hold), and some are never paid (the
-// await times out after PayWindow and the hold is released). When a confirmed
+// (the customer confirms the payment link from its mailbox, as the public
+// page's Confirm button does: confirmation.Confirm stores the "paid" signal),
+// some are paid too late (the link has expired with the wait: ErrNotValid),
+// some are cancelled (the workflow's compensation releases the hold), and
+// some are never paid (the await times out after PayWindow and the hold is
+// released). When a confirmed
 // order's rental is over, the loop returns its devices.
 func runWorkflowDemo(ctx context.Context, log zerolog.Logger, db *pg.Pool, cfg workflowDemo) {
 	if err := ensureOrderPool(ctx, db); err != nil {
@@ -308,7 +388,12 @@ func runWorkflowDemo(ctx context.Context, log zerolog.Logger, db *pg.Pool, cfg w
 					rest = append(rest, a)
 					continue
 				}
-				if err := a.run(ctx, log, db); err != nil && ctx.Err() == nil {
+				err := a.run(ctx, log, db)
+				if errors.Is(err, errNoMail) && now.Before(a.at.Add(PayWindow+HoldGrace)) {
+					rest = append(rest, a) // the mail is on its way: look again at the next tick
+					continue
+				}
+				if err != nil && ctx.Err() == nil {
 					log.Warn().Err(err).Int64("order", a.order).Msg("workflow demo: a customer's action failed")
 				}
 			}
@@ -364,31 +449,43 @@ func placeDemoOrder(ctx context.Context, log zerolog.Logger, db *pg.Pool, cfg wo
 	return a, nil
 }
 
-// run pays or cancels the order, in a transaction of its own.
+// run cancels the order, or pays it by confirming the payment link found in
+// its customer's mailbox (errNoMail when it has not arrived yet). It logs the
+// order, never the link.
 func (a orderAction) run(ctx context.Context, log zerolog.Logger, db *pg.Pool) error {
-	amount := 10 + rand.IntN(90)
 	ctx, span := cli.TracerProvider(ctx).Tracer("demo").Start(ctx, "demo.pay_or_cancel_order")
 	defer span.End()
-	err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
-		if a.cancel {
-			return CancelOrderTx(ctx, tx, a.order)
-		}
-		return PayOrderTx(ctx, tx, a.order, amount)
-	})
 	ev := log.Info().Int64("order", a.order).Str("workflow_id", OrderWorkflowID(a.order))
+	if a.cancel {
+		err := pg.InTx(ctx, db, func(ctx context.Context, tx pgx.Tx) error {
+			return CancelOrderTx(ctx, tx, a.order)
+		})
+		switch {
+		case fault.Has(err, fault.Conflict):
+			ev.Err(err).Msg("workflow demo: too late to cancel: the order has ended")
+		case err != nil:
+			return err
+		default:
+			ev.Msg("workflow demo: the customer cancelled the order")
+		}
+		return nil
+	}
+	tok, amount, err := readMail(ctx, db, a.order)
+	if err != nil {
+		return err
+	}
+	_, err = confirmation.Confirm(ctx, db, string(tok))
 	switch {
-	case fault.Has(err, fault.Conflict) && a.cancel:
-		ev.Err(err).Msg("workflow demo: too late to cancel: the order has ended")
-	case fault.Has(err, fault.Conflict):
-		// The workflow has ended (its await timed out): the payment's
-		// transaction rolled back with the refused signal.
-		ev.Err(err).Int("amount", amount).Msg("workflow demo: payment refused, the order has ended: refund it")
+	case errors.Is(err, confirmation.ErrAlreadyConfirmed):
+		ev.Int("amount", amount).Msg("workflow demo: the link was confirmed before: paid once")
+	case errors.Is(err, confirmation.ErrNotValid), fault.Has(err, fault.Conflict):
+		// The link expired with the order's wait, or the order has ended
+		// (its link revoked, or its workflow finishing): nothing was paid.
+		ev.Err(err).Int("amount", amount).Bool("late", a.late).Msg("workflow demo: payment refused, the order has ended")
 	case err != nil:
 		return err
-	case a.cancel:
-		ev.Msg("workflow demo: the customer cancelled the order")
 	default:
-		ev.Int("amount", amount).Bool("late", a.late).Msg("workflow demo: order paid (signal sent)")
+		ev.Int("amount", amount).Bool("late", a.late).Msg("workflow demo: order paid (payment link confirmed)")
 	}
 	return nil
 }

@@ -3,15 +3,19 @@ package demo
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
+	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
 	"github.com/bettercompute/bettercompute/domain/capacity"
 	"github.com/bettercompute/bettercompute/domain/workflow"
+	"github.com/bettercompute/bettercompute/domain/workflow/confirmation"
 	"github.com/bettercompute/bettercompute/platform/clock"
 	"github.com/bettercompute/bettercompute/platform/fault"
 	"github.com/bettercompute/bettercompute/platform/migrate"
@@ -123,15 +127,70 @@ func requireNothingHeld(t *testing.T, db *pgtest.DB, confirmed int) {
 	require.Zero(t, c.Holds, "the pool's rollup counts a hold")
 }
 
-func pay(db *pg.Pool, id int64, amount int) error {
-	return pg.InTx(context.Background(), db, func(ctx context.Context, tx pgx.Tx) error {
-		return PayOrderTx(ctx, tx, id, amount)
+// waitMail waits until order id's payment link is in its customer's mailbox
+// (the demo_mailbox sink delivered its email) and returns its token and
+// amount.
+func waitMail(t *testing.T, db *pg.Pool, id int64) (confirmation.Token, int) {
+	t.Helper()
+	var (
+		tok    confirmation.Token
+		amount int
+	)
+	workertest.WaitFor(t, 30*time.Second, "the order's payment link in the mailbox", func() bool {
+		var err error
+		tok, amount, err = readMail(context.Background(), db, id)
+		if errors.Is(err, errNoMail) {
+			return false
+		}
+		require.NoError(t, err)
+		return true
 	})
+	require.NoError(t, confirmation.CheckToken(string(tok)))
+	return tok, amount
+}
+
+// pay confirms the payment link tok, as its customer does.
+func pay(db *pg.Pool, tok confirmation.Token) error {
+	_, err := confirmation.Confirm(context.Background(), db, string(tok))
+	return err
+}
+
+// orderLinks are the states of order id's payment links (its confirmation
+// bindings), oldest first.
+func orderLinks(t *testing.T, db *pg.Pool, id int64) []confirmation.State {
+	t.Helper()
+	bs, err := confirmation.List(context.Background(), db, confirmation.ListOpts{WorkflowID: OrderWorkflowID(id)})
+	require.NoError(t, err)
+	var out []confirmation.State
+	for i := len(bs) - 1; i >= 0; i-- {
+		out = append(out, bs[i].State)
+	}
+	return out
+}
+
+// requireNoToken: tok is nowhere in order id's workflow (its state, result,
+// error and history, which the workflows page shows) nor in its events other
+// than the email's.
+func requireNoToken(t *testing.T, db *pgtest.DB, id int64, tok confirmation.Token) {
+	t.Helper()
+	ctx := context.Background()
+	i, err := workflow.Get(ctx, db.Pool, OrderWorkflowID(id))
+	require.NoError(t, err)
+	hist, err := workflow.History(ctx, db.Pool, OrderWorkflowID(id))
+	require.NoError(t, err)
+	enc, err := json.Marshal([]any{i, hist})
+	require.NoError(t, err)
+	require.NotContains(t, string(enc), string(tok), "the token is in the workflow")
+	require.NotContains(t, string(enc), confirmation.TokenPrefix, "a token is in the workflow")
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM compute_events WHERE topic <> $1 AND payload::text LIKE '%' || $2 || '%'`,
+		PaymentLinkTopic, confirmation.TokenPrefix), "a token is in an event other than the email's")
 }
 
 // TestOrderWorkflowPaidOrderIsConfirmed: a paid order's workflow holds its
-// devices, takes the payment's signal and turns the hold into a booking, with
-// the order's row and one confirmed event; a second payment counts once.
+// devices and mails its payment link; confirming the link sends the "paid"
+// signal, and the workflow turns the hold into a booking, with the order's
+// row (paid) and one confirmed event. The link confirmed again is
+// ErrAlreadyConfirmed: one payment.
 func TestOrderWorkflowPaidOrderIsConfirmed(t *testing.T) {
 	t.Parallel()
 	db := startOrderDemo(t)
@@ -145,17 +204,29 @@ func TestOrderWorkflowPaidOrderIsConfirmed(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, capacity.Hold, r.State)
 	require.Equal(t, orderT0.Add(PayWindow+HoldGrace), r.ExpiresAt.UTC(), "the hold expires on its own after the pay window and its grace")
+	require.False(t, o.paid)
 
-	// Paid twice (a retried request): the dedup key counts it once.
-	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		if err := PayOrderTx(ctx, tx, id, 42); err != nil {
-			return err
-		}
-		return PayOrderTx(ctx, tx, id, 42)
-	}))
+	// The email: the order's link, for 2 devices' price, valid as long as the wait.
+	tok, amount := waitMail(t, db.Pool, id)
+	require.Equal(t, 2*PricePerDevice, amount)
+	bs, err := confirmation.List(ctx, db.Pool, confirmation.ListOpts{WorkflowID: OrderWorkflowID(id)})
+	require.NoError(t, err)
+	require.Len(t, bs, 1)
+	require.Equal(t, "paid", bs[0].Signal)
+	require.JSONEq(t, `{"amount": 60}`, string(bs[0].Payload))
+	require.Equal(t, orderT0.Add(PayWindow), bs[0].ExpiresAt.UTC(), "the link expires with the wait")
+	requireNoToken(t, db, id, tok)
+
+	// Confirmed twice (the customer clicks again): the second is refused, the
+	// payment counts once.
+	require.NoError(t, pay(db.Pool, tok))
+	err = pay(db.Pool, tok)
+	require.ErrorIs(t, err, confirmation.ErrAlreadyConfirmed)
+	require.NotContains(t, err.Error(), string(tok))
 	out, err := OrderWorkflow.Wait(ctx, db.Pool, OrderWorkflowID(id), 20*time.Millisecond)
 	require.NoError(t, err)
-	require.Equal(t, OrderResult{OrderID: id, Status: "confirmed", ReservationID: *o.reservation, Paid: 42}, out)
+	require.Equal(t, OrderResult{OrderID: id, Status: "confirmed", ReservationID: *o.reservation, Paid: 2 * PricePerDevice}, out)
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_workflow_signals WHERE workflow_id = $1`, OrderWorkflowID(id)), "one payment")
 
 	r, err = capacity.Get(ctx, db.Pool, *o.reservation)
 	require.NoError(t, err)
@@ -167,6 +238,8 @@ func TestOrderWorkflowPaidOrderIsConfirmed(t *testing.T) {
 	require.Equal(t, []OrderResult{out}, orderEvents(t, db, "demo.order.confirmed", id), "one event, the result")
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_events WHERE topic LIKE 'demo.order.%'`))
 	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM compute_workflow_signals WHERE consumed_at IS NULL`), "the duplicate payment was not stored")
+	require.Equal(t, []confirmation.State{confirmation.Confirmed}, orderLinks(t, db.Pool, id))
+	requireNoToken(t, db, id, tok)
 
 	hist, err := workflow.History(ctx, db.Pool, OrderWorkflowID(id))
 	require.NoError(t, err)
@@ -174,20 +247,22 @@ func TestOrderWorkflowPaidOrderIsConfirmed(t *testing.T) {
 	require.Equal(t, []string{"reserve", "confirm"}, []string{hist[0].Step, hist[1].Step})
 	requireNothingHeld(t, db, 2)
 
-	// The paid order is over: its payment again (the same dedup key, a sender
-	// retrying) counts as the one it was, and writes nothing.
+	// The paid order is over: its link again is refused as used, and writes
+	// nothing.
 	var paidAt time.Time
 	require.NoError(t, db.QueryRow(ctx, `SELECT paid_at FROM demo_workflow_orders WHERE id = $1`, id).Scan(&paidAt))
-	require.NoError(t, pay(db.Pool, id, 42))
+	require.ErrorIs(t, pay(db.Pool, tok), confirmation.ErrAlreadyConfirmed)
+	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_workflow_signals WHERE workflow_id = $1`, OrderWorkflowID(id)))
 	var again time.Time
 	require.NoError(t, db.QueryRow(ctx, `SELECT paid_at FROM demo_workflow_orders WHERE id = $1`, id).Scan(&again))
 	require.Equal(t, paidAt, again)
 }
 
 // TestOrderWorkflowUnpaidOrderTimesOut: an order nobody pays waits on
-// compute_now(); when the sim clock passes the pay window, the timeout step
-// releases the hold (before its own expiry) and appends the released event. A
-// payment after that is refused (CONFLICT) and records nothing.
+// compute_now(); when the sim clock passes the pay window, its link expires
+// (confirming it then is ErrNotValid, even before the workflow's timeout step
+// ran) and the timeout step releases the hold (before its own expiry) and
+// appends the released event. Nothing was paid.
 func TestOrderWorkflowUnpaidOrderTimesOut(t *testing.T) {
 	t.Parallel()
 	db := startOrderDemo(t)
@@ -196,6 +271,7 @@ func TestOrderWorkflowUnpaidOrderTimesOut(t *testing.T) {
 	waitReserved(t, db.Pool, id)
 	o := getOrder(t, db, id)
 	require.NotNil(t, o.reservation)
+	tok, _ := waitMail(t, db.Pool, id)
 	// Still waiting a while later: the wall clock does not end the wait.
 	time.Sleep(300 * time.Millisecond)
 	i, err := workflow.Get(ctx, db.Pool, OrderWorkflowID(id))
@@ -203,9 +279,13 @@ func TestOrderWorkflowUnpaidOrderTimesOut(t *testing.T) {
 	require.Equal(t, workflow.Waiting, i.Status)
 	require.Equal(t, orderT0.Add(PayWindow), i.WakeAt.UTC())
 
-	// Past the pay window, not yet past the hold's own expiry.
+	// Past the pay window, not yet past the hold's own expiry: the link
+	// confirmed now is refused, whether or not the timeout step has run.
 	_, err = db.Exec(ctx, `SELECT compute_advance_sim_clock(interval '20 seconds')`)
 	require.NoError(t, err)
+	err = pay(db.Pool, tok)
+	require.ErrorIs(t, err, confirmation.ErrNotValid)
+	require.NotContains(t, err.Error(), string(tok))
 	i = waitOrder(t, db.Pool, id)
 	require.Equal(t, workflow.Completed, i.Status)
 	var out OrderResult
@@ -223,16 +303,18 @@ func TestOrderWorkflowUnpaidOrderTimesOut(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"reserve", "release"}, []string{hist[0].Step, hist[1].Step})
 
-	err = pay(db.Pool, id, 42)
-	require.True(t, fault.Has(err, fault.Conflict), "%v", err)
-	require.False(t, getOrder(t, db, id).paid, "the refused payment rolled back with its signal")
+	require.ErrorIs(t, pay(db.Pool, tok), confirmation.ErrNotValid)
+	require.False(t, getOrder(t, db, id).paid, "nothing was paid")
 	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM compute_workflow_signals`))
+	require.Equal(t, []confirmation.State{confirmation.Expired}, orderLinks(t, db.Pool, id))
+	requireNoToken(t, db, id, tok)
 	requireNothingHeld(t, db, 0)
 }
 
 // TestOrderWorkflowCancelledOrderIsCompensated: cancelling a waiting order
-// runs its compensation step once, which releases the hold and appends the
-// cancelled event; a payment in the cancel's wake is refused.
+// runs its compensation step once, which releases the hold, revokes the
+// payment link and appends the cancelled event; the link confirmed in the
+// cancel's wake is refused.
 func TestOrderWorkflowCancelledOrderIsCompensated(t *testing.T) {
 	t.Parallel()
 	db := startOrderDemo(t)
@@ -240,6 +322,7 @@ func TestOrderWorkflowCancelledOrderIsCompensated(t *testing.T) {
 	id := placeOrder(t, db.Pool, 1)
 	waitReserved(t, db.Pool, id)
 	o := getOrder(t, db, id)
+	tok, _ := waitMail(t, db.Pool, id)
 	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		return CancelOrderTx(ctx, tx, id)
 	}))
@@ -253,8 +336,38 @@ func TestOrderWorkflowCancelledOrderIsCompensated(t *testing.T) {
 	require.Equal(t, []OrderResult{{OrderID: id, Status: "cancelled", ReservationID: *o.reservation, Reason: "cancelled by the customer"}},
 		orderEvents(t, db, "demo.order.cancelled", id))
 	require.Equal(t, 1, db.MustCount(t, `SELECT count(*) FROM compute_events WHERE topic LIKE 'demo.order.%'`))
-	err = pay(db.Pool, id, 42)
-	require.True(t, fault.Has(err, fault.Conflict), "%v", err)
+	require.ErrorIs(t, pay(db.Pool, tok), confirmation.ErrNotValid)
+	require.Equal(t, []confirmation.State{confirmation.Revoked}, orderLinks(t, db.Pool, id))
+	require.False(t, getOrder(t, db, id).paid)
+	requireNothingHeld(t, db, 0)
+}
+
+// TestOrderWorkflowPaidAsCancelledIsRefunded: a link confirmed in the
+// transaction that cancels the order (its signal accepted, never consumed):
+// the compensation sees the confirmed link, records the payment and ends the
+// order cancelled with a refund.
+func TestOrderWorkflowPaidAsCancelledIsRefunded(t *testing.T) {
+	t.Parallel()
+	db := startOrderDemo(t)
+	ctx := context.Background()
+	id := placeOrder(t, db.Pool, 1)
+	waitReserved(t, db.Pool, id)
+	o := getOrder(t, db, id)
+	tok, _ := waitMail(t, db.Pool, id)
+	require.NoError(t, pg.InTx(ctx, db.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := confirmation.ConfirmTx(ctx, tx, string(tok)); err != nil {
+			return err
+		}
+		return CancelOrderTx(ctx, tx, id)
+	}))
+	i := waitOrder(t, db.Pool, id)
+	require.Equal(t, workflow.Cancelled, i.Status)
+	require.Equal(t, []OrderResult{{OrderID: id, Status: "cancelled", ReservationID: *o.reservation, Reason: "cancelled by the customer", Refund: true}},
+		orderEvents(t, db, "demo.order.cancelled", id))
+	got := getOrder(t, db, id)
+	require.Equal(t, "cancelled", got.status)
+	require.True(t, got.paid, "the payment is recorded, to refund it")
+	require.Equal(t, []confirmation.State{confirmation.Confirmed}, orderLinks(t, db.Pool, id))
 	requireNothingHeld(t, db, 0)
 }
 
@@ -274,6 +387,7 @@ func TestOrderWorkflowSoldOutOrderIsRejected(t *testing.T) {
 	require.Zero(t, out.ReservationID)
 	require.Contains(t, out.Reason, "attempt 3 of 3")
 	require.Contains(t, out.Reason, "CONFLICT")
+	require.Empty(t, orderLinks(t, db.Pool, id), "no link for an order that held nothing")
 	o := getOrder(t, db, id)
 	require.Equal(t, "rejected", o.status)
 	require.Nil(t, o.reservation)
@@ -286,7 +400,8 @@ func TestOrderWorkflowSoldOutOrderIsRejected(t *testing.T) {
 }
 
 // TestOrderWorkflowDemoLoop runs dev's workflow demo loop (fast) on the sim
-// clock: orders are paid and confirmed, cancelled and compensated. Once the
+// clock: orders are paid (their links confirmed from the mailbox) and
+// confirmed, cancelled and compensated. No token is in the loop's log. Once the
 // loop stops and the sim clock passes the pay window and the rentals, every
 // order has ended with exactly one event, the loop's return ends the
 // confirmed rentals, and nothing is left reserved.
@@ -295,7 +410,9 @@ func TestOrderWorkflowDemoLoop(t *testing.T) {
 	db := startOrderDemo(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	log := workertest.Logger(t)
+	// The loop's log, every level, to look for tokens in it.
+	logs := &clitest.Buffer{}
+	log := zerolog.New(logs).Level(zerolog.DebugLevel)
 	go func() {
 		defer close(done)
 		runWorkflowDemo(ctx, log, db.Pool, workflowDemo{Every: 50 * time.Millisecond, PayWithin: 200 * time.Millisecond, Rental: time.Minute})
@@ -337,8 +454,26 @@ func TestOrderWorkflowDemoLoop(t *testing.T) {
 	confirmed := db.MustCount(t, `SELECT coalesce(sum(devices), 0) FROM demo_workflow_orders WHERE status = 'confirmed'`)
 	requireNothingHeld(t, db, confirmed)
 
+	// Paid through their links: every confirmed order was paid, its link
+	// confirmed, with its price; the log says so and holds no token.
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM demo_workflow_orders WHERE status = 'confirmed' AND paid_at IS NULL`))
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM demo_workflow_orders o JOIN compute_workflows w ON w.id = 'order-' || o.id
+		WHERE o.status = 'confirmed' AND (w.result->>'paid')::int <> $1 * o.devices`, PricePerDevice))
+	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM demo_workflow_orders o WHERE o.status = 'confirmed' AND NOT EXISTS (
+		SELECT 1 FROM compute_confirmations c WHERE c.workflow_id = 'order-' || o.id AND c.used_at IS NOT NULL)`))
+	require.Contains(t, logs.String(), "order paid (payment link confirmed)")
+	rows, err := db.Query(context.Background(), `SELECT link_token FROM demo_workflow_mailbox`)
+	require.NoError(t, err)
+	tokens, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.NotEmpty(t, tokens)
+	for _, tok := range tokens {
+		require.NotContains(t, logs.String(), tok, "a token in the demo's log")
+	}
+	require.NotRegexp(t, `bcc_[A-Za-z0-9_-]{43}`, logs.String(), "a token in the demo's log")
+
 	// The rentals end: the loop's return gives their devices back.
-	_, err := db.Exec(context.Background(), `SELECT compute_advance_sim_clock(interval '1 minute')`)
+	_, err = db.Exec(context.Background(), `SELECT compute_advance_sim_clock(interval '1 minute')`)
 	require.NoError(t, err)
 	require.NoError(t, returnRentals(context.Background(), log, db.Pool))
 	require.Zero(t, db.MustCount(t, `SELECT count(*) FROM demo_workflow_orders WHERE status = 'confirmed'`))
