@@ -222,6 +222,9 @@ func TestBrowser(t *testing.T) {
 		if db.MustCount(t, `SELECT count(*) FROM compute_workflows WHERE status = 'completed'`) == 0 {
 			missing = append(missing, "a completed workflow")
 		}
+		if db.MustCount(t, `SELECT count(*) FROM demo_workflow_mailbox`) == 0 {
+			missing = append(missing, "a payment link in the demo mailbox")
+		}
 		if len(missing) == 0 {
 			break
 		}
@@ -367,6 +370,31 @@ func TestBrowser(t *testing.T) {
 		}
 	})
 
+	t.Run("MailboxListsPaymentLinks", func(t *testing.T) {
+		t.Parallel()
+		b := browsertest.New(t, 2*time.Minute)
+		b.Go(dev + "demo/mailbox")
+		b.WaitText("the demo mailbox", "Demo mailbox", "Payment link")
+		links, err := chromedp.Run(b.Ctx(), chromedp.Evaluate[[]string](`[...document.querySelectorAll('a.pay')].map(a => a.href)`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(links) == 0 || len(links) > mailboxPageSize {
+			t.Fatalf("the mailbox lists %d links", len(links))
+		}
+		// Each link is a mail's, under the public listener's URL (dev's default).
+		for _, l := range links {
+			tok, ok := strings.CutPrefix(l, "http://127.0.0.1:8081/confirm/")
+			if !ok {
+				t.Errorf("a payment link is not under the public listener's URL: %.40s…", l)
+				continue
+			}
+			if n := db.MustCount(t, `SELECT count(*) FROM demo_workflow_mailbox WHERE link_token = $1`, tok); n != 1 {
+				t.Errorf("the mailbox page lists a link (%.40s…) no mail holds", l)
+			}
+		}
+	})
+
 	t.Run("CredentialsGuardEverything", func(t *testing.T) {
 		t.Parallel()
 		const user, password = "ann", "correct horse battery"
@@ -397,9 +425,11 @@ func TestBrowser(t *testing.T) {
 			{"POST", "/api/jobs/cancel", `{"ids":["` + idleID + `"]}`},
 			{"GET", "/workflows", ""},
 			{"GET", "/v1/workflows", ""},
+			{"GET", "/demo/mailbox", ""},
 		} {
 			f := b.Fetch(r[0], r[1], r[2])
-			if f.Status != http.StatusUnauthorized || strings.Contains(f.Body, browserIdleArgs{}.Kind()) || strings.Contains(f.Body, OrderKind) {
+			if f.Status != http.StatusUnauthorized || strings.Contains(f.Body, browserIdleArgs{}.Kind()) || strings.Contains(f.Body, OrderKind) ||
+				strings.Contains(f.Body, "/confirm/") {
 				t.Errorf("%s %s without credentials: %d %s", r[0], r[1], f.Status, f.Body)
 			}
 		}
@@ -434,6 +464,8 @@ func TestBrowser(t *testing.T) {
 		}
 		b.Go(srv + "workflows")
 		b.WaitText("the workflows page", "Workflows", OrderKind)
+		b.Go(srv + "demo/mailbox")
+		b.WaitText("the demo mailbox", "Demo mailbox", "Payment link")
 	})
 
 	t.Run("ReadOnlyRefusesActions", func(t *testing.T) {
