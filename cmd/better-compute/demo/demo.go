@@ -15,10 +15,12 @@
 //   - outbox: orders whose events a log sink prints, and a table dispatcher that
 //     "sends" each order's confirmation.
 //   - workflow: orders as durable workflows (kind demo_order): each holds
-//     devices of the demo pool, waits 15 s for its "paid" signal, then confirms
-//     the booking or releases the hold, with an event either way; the loop
-//     places an order every 2 s and pays most of them, cancels some and lets
-//     some time out.
+//     devices of the demo pool, mails its customer a payment link (a
+//     confirmation of its "paid" signal, through the outbox into the
+//     demo_workflow_mailbox, shown at GET /demo/mailbox), waits 15 s for the
+//     signal, then confirms the booking or releases the hold, with an event
+//     either way; the loop places an order every 2 s and pays most of them by
+//     confirming their links, cancels some and lets some time out.
 //
 // Only cmd/better-compute's main imports this package
 // (cli.Main(cli.App{Modules: demo.Modules()})): an application's binary
