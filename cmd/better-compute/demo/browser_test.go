@@ -3,6 +3,7 @@ package demo
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"reflect"
 	"regexp"
@@ -19,6 +20,7 @@ import (
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli"
 	"github.com/bettercompute/bettercompute/cmd/better-compute/cli/clitest"
 	"github.com/bettercompute/bettercompute/domain/workflow"
+	"github.com/bettercompute/bettercompute/domain/workflow/confirmation"
 	"github.com/bettercompute/bettercompute/jobs"
 	"github.com/bettercompute/bettercompute/platform/pg"
 	"github.com/bettercompute/bettercompute/platform/pgtest"
@@ -213,7 +215,11 @@ func TestBrowser(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	failing, idle := insertBrowserJobs(t, db.Pool)
-	dev := runCommand(t, db, "dev", "BETTER_COMPUTE_POLL_INTERVAL=20ms", "BETTER_COMPUTE_RESYNC_INTERVAL=1s")
+	// The public listener on a port of its own, not dev's default, which
+	// another test's dev may hold: the mailbox's links name it.
+	public := "http://" + freeAddr(t) + "/"
+	dev := runCommand(t, db, "dev", "BETTER_COMPUTE_POLL_INTERVAL=20ms", "BETTER_COMPUTE_RESYNC_INTERVAL=1s",
+		"BETTER_COMPUTE_PUBLIC_LISTEN="+strings.TrimSuffix(strings.TrimPrefix(public, "http://"), "/"))
 
 	start := time.Now()
 	deadline := time.Now().Add(90 * time.Second)
@@ -370,7 +376,7 @@ func TestBrowser(t *testing.T) {
 		}
 	})
 
-	t.Run("MailboxListsPaymentLinks", func(t *testing.T) {
+	t.Run("MailboxLinksOpenTheConfirmationPage", func(t *testing.T) {
 		t.Parallel()
 		b := browsertest.New(t, 2*time.Minute)
 		b.Go(dev + "demo/mailbox")
@@ -382,16 +388,31 @@ func TestBrowser(t *testing.T) {
 		if len(links) == 0 || len(links) > mailboxPageSize {
 			t.Fatalf("the mailbox lists %d links", len(links))
 		}
-		// Each link is a mail's, under the public listener's URL (dev's default).
+		// Each link is a mail's, under the public listener's URL.
+		used := ""
 		for _, l := range links {
-			tok, ok := strings.CutPrefix(l, "http://127.0.0.1:8081/confirm/")
+			tok, ok := strings.CutPrefix(l, public+"confirm/")
 			if !ok {
-				t.Errorf("a payment link is not under the public listener's URL: %.40s…", l)
+				t.Errorf("a payment link is not under the public listener's URL %s: %.40s…", public, l)
 				continue
 			}
 			if n := db.MustCount(t, `SELECT count(*) FROM demo_workflow_mailbox WHERE link_token = $1`, tok); n != 1 {
 				t.Errorf("the mailbox page lists a link (%.40s…) no mail holds", l)
 			}
+			// Peek changes nothing: a link a demo customer confirmed stays so.
+			if _, err := confirmation.Peek(context.Background(), db.Pool, tok); used == "" && errors.Is(err, confirmation.ErrAlreadyConfirmed) {
+				used = l
+			}
+		}
+		if used == "" {
+			t.Fatal("no link on the mailbox page was confirmed by the demo's customers")
+		}
+		// Clicked, a paid order's link opens dev's public confirmation page,
+		// which knows it: the link reaches the listener that serves it.
+		b.Click("a paid order's payment link", `a.pay[href="`+used+`"]`)
+		b.WaitText("the confirmation page of a used link", "Already confirmed", "already used")
+		if loc := b.Location(); loc != used {
+			t.Errorf("the link led to %.40s…", loc)
 		}
 	})
 
@@ -512,6 +533,20 @@ func TestBrowser(t *testing.T) {
 			t.Errorf("the idle job changed in read-only mode: %+v, was %+v", got, idleBefore)
 		}
 	})
+}
+
+// freeAddr is a loopback address with a port that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
 }
 
 // idLine is how River UI's page of job id names it, in its text ("ID: 12"
