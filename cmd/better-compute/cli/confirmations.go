@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"errors"
-	"fmt"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -85,7 +84,6 @@ func (s *Session) startPublic(ctx context.Context, db *pg.Pool) (*web.Public, er
 		return nil, err
 	}
 	s.publicURL = p.URL()
-	fmt.Fprintf(s.Env.Stdout, "Confirmation links: %sconfirm/…\n", p.URL())
 	return p, nil
 }
 

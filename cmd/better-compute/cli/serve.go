@@ -102,6 +102,12 @@ func (s *Session) StartServe(ctx context.Context, rt *workers.Runtime) (stop fun
 	if rt != nil {
 		client = rt.Client()
 	}
+	// The public listener first: once it listens, PublicBase is its URL,
+	// which the operator's routes may show (links of the demo's mailbox).
+	pub, err := s.startPublic(ctx, db)
+	if err != nil {
+		return nil, err
+	}
 	rs := routes(s, db)
 
 	srv, err := web.Start(ctx, web.Options{
@@ -110,6 +116,9 @@ func (s *Session) StartServe(ctx context.Context, rt *workers.Runtime) (stop fun
 		Metrics: gatherer, Routes: rs, Log: s.Log,
 	})
 	if err != nil {
+		if pub != nil {
+			_ = pub.Shutdown(context.Background())
+		}
 		return nil, err
 	}
 	mode := ""
@@ -117,10 +126,8 @@ func (s *Session) StartServe(ctx context.Context, rt *workers.Runtime) (stop fun
 		mode = " (read-only)"
 	}
 	fmt.Fprintf(s.Env.Stdout, "River UI: %s%s\n", srv.URL(), mode)
-	pub, err := s.startPublic(ctx, db)
-	if err != nil {
-		_ = srv.Shutdown(context.Background())
-		return nil, err
+	if pub != nil {
+		fmt.Fprintf(s.Env.Stdout, "Confirmation links: %sconfirm/…\n", pub.URL())
 	}
 	stop = func() {
 		if pub != nil {

@@ -107,11 +107,10 @@ func readMail(ctx context.Context, db pg.DBTX, orderID int64) (confirmation.Toke
 // mails it holds: it is an operator route, on the operator listener with River
 // UI, behind its loopback address or its credentials, never a public route.
 //
-// The base is read once, here: serve mounts the routes before it starts the
-// public listener, and the session is not safe to read from a request
-// meanwhile. With BETTER_COMPUTE_PUBLIC_URL or _LISTEN set, or dev's default
-// 127.0.0.1:8081 free, that is the links' URL; if dev had to move its public
-// listener to a free port, the page's links still name 8081.
+// The base is read once, here: serve starts the public listener before it
+// mounts the operator's routes, so it is the address that listener took (dev's
+// 127.0.0.1:8081, or a free port if that one was taken), unless
+// BETTER_COMPUTE_PUBLIC_URL says otherwise.
 func mailboxRoutes(s *cli.Session, db *pg.Pool) []web.Route {
 	log := s.Log.With().Str("component", "demo_mailbox").Logger()
 	return []web.Route{{Pattern: "GET /demo/mailbox", ReadOnly: true, Handler: mailboxPage(db, s.PublicBase(), log)}}
