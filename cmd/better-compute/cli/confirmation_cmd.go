@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -84,21 +83,8 @@ func (o *confirmationOpts) Validate(args []string) error {
 		"workflow": o.workflow != "", "signal": o.signal != "", "payload": o.payload != "", "ttl": o.ttl != "",
 		"state": o.state != "", "limit": o.limit != confirmationsListLimit, "json": o.asJSON,
 	}
-	names := make([]string, 0, len(set))
-	for name, on := range set {
-		if on {
-			names = append(names, name)
-		}
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		applies := false
-		for _, f := range spec.flags {
-			applies = applies || f == name
-		}
-		if !applies {
-			return usageErr("confirmation %s: --%s does not apply to it (see confirmation --help)", verb, name)
-		}
+	if err := flagsApply("confirmation", verb, set, spec.flags); err != nil {
+		return err
 	}
 	switch verb {
 	case "create":

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -96,21 +97,8 @@ func (o *workflowOpts) Validate(args []string) error {
 		"kind": o.kind != "", "status": o.status != "", "limit": o.limit != workflowsListLimit, "before": o.before != "",
 		"json": o.asJSON, "id": o.id != "", "dedup": o.dedup != "", "reason": o.reason != "",
 	}
-	names := make([]string, 0, len(set))
-	for name, on := range set {
-		if on {
-			names = append(names, name)
-		}
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		applies := false
-		for _, f := range spec.flags {
-			applies = applies || f == name
-		}
-		if !applies {
-			return usageErr("workflow %s: --%s does not apply to it (see workflow --help)", verb, name)
-		}
+	if err := flagsApply("workflow", verb, set, spec.flags); err != nil {
+		return err
 	}
 	switch verb {
 	case "list":
@@ -511,4 +499,21 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// flagsApply refuses (a usage error) a flag of set, by name, given to a verb
+// of command whose flags it is not: a flag given where it does nothing is a
+// mistake worth saying. The first such flag in name order is named.
+func flagsApply(command, verb string, set map[string]bool, flags []string) error {
+	names := make([]string, 0, len(set))
+	for name, on := range set {
+		if on && !slices.Contains(flags, name) {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	sort.Strings(names)
+	return usageErr("%s %s: --%s does not apply to it (see %s --help)", command, verb, names[0], command)
 }
