@@ -43,7 +43,7 @@ var refund = &workflow.Workflow[string, string, string]{
 	Signals: []string{"approved", "rejected"},
 }
 
-func setup(t *testing.T) *pgtest.DB {
+func setup(t testing.TB) *pgtest.DB {
 	t.Helper()
 	db := pgtest.New(t)
 	if err := workflow.RecordKinds(context.Background(), db, []workflow.Meta{refund.Meta()}); err != nil {
