@@ -80,11 +80,19 @@ func TestProcessKill9StandbyOfAnotherIdentity(t *testing.T) {
 
 	var took []time.Duration
 	for r := 0; r < takeoverRounds(t, 3); r++ {
-		for i := 0; i < 10; i++ {
-			change(t, db, fmt.Sprintf("item-%02d", i), int64(r))
-		}
+		// A reconcile sleeps 30 ms in its transaction: a look can miss all
+		// ten, so each look that finds none changes the items again, until
+		// one is caught mid-flight (seen once in a full run on 2 cores).
+		qty := int64(r) * 1000
 		workertest.WaitFor(t, 20*time.Second, "the holder is mid-reconcile", func() bool {
-			return midReconcile(t, db) > 0
+			if midReconcile(t, db) > 0 {
+				return true
+			}
+			qty++
+			for i := 0; i < 10; i++ {
+				change(t, db, fmt.Sprintf("item-%02d", i), qty)
+			}
+			return false
 		})
 		d, next := killAndWaitForTakeover(t, db, holder, func() *proc { return standby })
 		took = append(took, d)
