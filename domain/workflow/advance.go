@@ -281,7 +281,7 @@ func Plan(m Meta, i *Info, ev Event, next Next, state json.RawMessage, queue str
 			t.RunAt = time.Now().Add(rearmDelay(i.Now, t.WakeAt))
 		}
 	case "finish":
-		res, err := encode("result of workflow "+m.Kind, next.result)
+		res, err := EncodePayload("result of workflow "+m.Kind, next.result)
 		if err != nil {
 			return t, err
 		}
@@ -458,7 +458,7 @@ func AdvanceTx(ctx context.Context, tx pgx.Tx, i *Info, t Transition) (int64, er
 			if !kindRe.MatchString(c.Kind) {
 				return 0, fault.New(fault.InvalidArgument, "child %d of workflow %s: bad workflow kind %q", n, i.ID, c.Kind)
 			}
-			enc, err := encode("input of child workflow "+id, c.Input)
+			enc, err := EncodePayload("input of child workflow "+id, c.Input)
 			if err != nil {
 				return 0, err
 			}

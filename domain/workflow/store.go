@@ -104,10 +104,12 @@ func NewID() string {
 	return "wf_" + hex.EncodeToString(b[:])
 }
 
-// encode marshals v (a json.RawMessage as is) and checks it: valid JSON that
-// jsonb stores (fault.CheckJSON: a string holding a NUL byte is not), within
-// the size limit.
-func encode(what string, v any) (json.RawMessage, error) {
+// EncodePayload marshals v (a json.RawMessage or []byte as is) and checks it:
+// valid JSON that jsonb stores (fault.CheckJSON: a string holding a NUL byte
+// is not), within MaxPayload; INVALID_ARGUMENT naming what otherwise. Every
+// input, result and signal payload passes through it, and so do the payloads
+// other packages hold for a workflow (a confirmation's).
+func EncodePayload(what string, v any) (json.RawMessage, error) {
 	var enc []byte
 	switch x := v.(type) {
 	case json.RawMessage:
@@ -178,7 +180,7 @@ func startTx(ctx context.Context, tx pgx.Tx, kind string, input any, opts *Start
 	if err := ValidateID(o.ID); err != nil {
 		return "", err
 	}
-	enc, err := encode("input of workflow "+kind, input)
+	enc, err := EncodePayload("input of workflow "+kind, input)
 	if err != nil {
 		return "", err
 	}
@@ -380,7 +382,7 @@ func SignalTx(ctx context.Context, tx pgx.Tx, id, name string, payload any, opts
 	if !nameRe.MatchString(name) {
 		return SignalResult{}, fault.New(fault.InvalidArgument, "bad signal name %q", name)
 	}
-	enc, err := encode("payload of signal "+name, payload)
+	enc, err := EncodePayload("payload of signal "+name, payload)
 	if err != nil {
 		return SignalResult{}, err
 	}

@@ -117,10 +117,12 @@ type Binding struct {
 
 // bindingColumns are a Binding's columns, read by scanBinding (c is
 // compute_confirmations, w its workflow).
-const bindingColumns = `c.id, c.workflow_id, w.kind, c.signal, c.payload,
-	CASE WHEN c.used_at IS NOT NULL THEN 'confirmed' WHEN c.revoked_at IS NOT NULL THEN 'revoked'
-	     WHEN c.expires_at <= compute_now() THEN 'expired' ELSE 'pending' END,
+const bindingColumns = `c.id, c.workflow_id, w.kind, c.signal, c.payload, ` + stateSQL + `,
 	c.created_at, c.expires_at, c.used_at, c.revoked_at`
+
+// stateSQL is the State of binding c, derived from its columns.
+const stateSQL = `CASE WHEN c.used_at IS NOT NULL THEN 'confirmed' WHEN c.revoked_at IS NOT NULL THEN 'revoked'
+	WHEN c.expires_at <= compute_now() THEN 'expired' ELSE 'pending' END`
 
 func scanBinding(row pgx.Row) (*Binding, error) {
 	var b Binding
@@ -236,21 +238,11 @@ func Create(ctx context.Context, db pg.DBTX, workflowID, signal string, opts *Cr
 	return tok, b, err
 }
 
+// encodePayload is workflow.EncodePayload (the checks a signal's payload
+// passes), within this package's smaller MaxPayload.
 func encodePayload(v any) (json.RawMessage, error) {
-	var enc []byte
-	switch x := v.(type) {
-	case json.RawMessage:
-		enc = x
-	default:
-		var err error
-		if enc, err = json.Marshal(v); err != nil {
-			return nil, fault.Wrap(fault.InvalidArgument, err, "confirmation: the payload does not encode as JSON")
-		}
-	}
-	if !json.Valid(enc) {
-		return nil, fault.New(fault.InvalidArgument, "confirmation: the payload is not valid JSON")
-	}
-	if err := fault.CheckJSON("confirmation: the payload", enc); err != nil {
+	enc, err := workflow.EncodePayload("confirmation's payload", v)
+	if err != nil {
 		return nil, err
 	}
 	if len(enc) > MaxPayload {
@@ -432,9 +424,7 @@ func List(ctx context.Context, db pg.DBTX, o ListOpts) ([]Binding, error) {
 // Counts returns how many bindings are in each state (every state present).
 func Counts(ctx context.Context, db pg.DBTX) (map[State]int64, error) {
 	out := map[State]int64{Pending: 0, Confirmed: 0, Revoked: 0, Expired: 0}
-	rows, err := db.Query(ctx, `SELECT CASE WHEN used_at IS NOT NULL THEN 'confirmed' WHEN revoked_at IS NOT NULL THEN 'revoked'
-		WHEN expires_at <= compute_now() THEN 'expired' ELSE 'pending' END AS state, count(*)
-		FROM compute_confirmations GROUP BY 1`)
+	rows, err := db.Query(ctx, `SELECT `+stateSQL+`, count(*) FROM compute_confirmations c GROUP BY 1`)
 	if err != nil {
 		return nil, pg.Translate(fmt.Errorf("error counting confirmations: %w", err))
 	}
